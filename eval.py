@@ -1,0 +1,130 @@
+"""Measure a policy: success rate per task on held-out eval seeds, real pages only.
+
+    python eval.py                                  # the base model on the default suite
+    python eval.py --ckpt runs/bc/final --seeds 20  # a checkpoint
+    python eval.py --ckpt runs/real/final --out runs/eval-real
+
+Greedy decoding by default. Success is full task credit; an episode that ends by an
+infrastructure fault (`env_error`) is neither a success nor a failure: it is left out of the
+rate and counted on its own. Intervals are 95% Wilson score intervals. Writes out/results.md,
+out/results.json and every trajectory to out/trajectories.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+
+import compress
+import env as webenv
+import policy
+from rollout import EnvPool, rollout
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion, as (low, high) in [0, 1]."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarise(trajs: list[dict], tasks: list[str]) -> dict:
+    """Per-task and mean success with intervals from trajectory records."""
+    rows = {}
+    for task in tasks:
+        ts = [t for t in trajs if t["task"] == task]
+        ok = [t for t in ts if not t["env_error"]]
+        s = sum(t["success"] for t in ok)
+        lo, hi = wilson(s, len(ok))
+        rows[task] = {"success": s / len(ok) if ok else 0.0, "ci95": [lo, hi], "n": len(ok), "successes": s,
+                      "env_error": len(ts) - len(ok), "mean_steps": sum(t["steps"] for t in ok) / max(1, len(ok))}
+    ok = [t for t in trajs if not t["env_error"]]
+    s = sum(t["success"] for t in ok)
+    lo, hi = wilson(s, len(ok))
+    mean = {"success": s / len(ok) if ok else 0.0, "ci95": [lo, hi], "n": len(ok), "successes": s,
+            "env_error": len(trajs) - len(ok), "task_mean": sum(r["success"] for r in rows.values()) / max(1, len(rows))}
+    return {"tasks": rows, "mean": mean}
+
+
+def markdown(summary: dict, title: str) -> str:
+    lines = [f"### {title}", "", "| task | success | 95% CI | n | env_error | mean steps |", "|---|---|---|---|---|---|"]
+    for task, r in summary["tasks"].items():
+        lines.append(f"| {task} | {r['success']:.0%} | {r['ci95'][0]:.0%}-{r['ci95'][1]:.0%} | {r['n']} | {r['env_error']} | {r['mean_steps']:.1f} |")
+    m = summary["mean"]
+    lines.append(f"| **all** | **{m['success']:.1%}** | {m['ci95'][0]:.0%}-{m['ci95'][1]:.0%} | {m['n']} | {m['env_error']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(model, tokenizer, tasks: list[str], seeds: list[int], *, max_steps: int = 6, num_envs: int = 8,
+             temperature: float = 0.0, max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True,
+             max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, bf16: bool = False,
+             progress: bool = True) -> tuple[dict, list[dict]]:
+    """Run every (task, seed) once on real pages; return (summary, trajectories)."""
+    pool = EnvPool(lambda task: webenv.WebEnv(task, max_steps=max_steps), max_envs=num_envs)
+    try:
+        jobs = [(t, s) for t in tasks for s in seeds]
+        trajs, _ = rollout(model, tokenizer, pool, jobs, num_envs=num_envs, temperature=temperature,
+                           max_new_tokens=max_new_tokens, keep_last=keep_last, compress_context=compress_context,
+                           max_prompt_tokens=max_prompt_tokens, system=system, bf16=bf16, progress=progress, desc="eval")
+    finally:
+        pool.close()
+    return summarise(trajs, tasks), trajs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", default=None, help="checkpoint folder; default: the base model (--model)")
+    p.add_argument("--model", default=policy.DEFAULT_MODEL, help="base model when no --ckpt")
+    p.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
+    p.add_argument("--seeds", type=int, default=20, help="eval seeds per task")
+    p.add_argument("--max-steps", type=int, default=6, help="turns per episode (test-time interaction budget)")
+    p.add_argument("--num-envs", type=int, default=8, help="episodes running at once")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
+    p.add_argument("--keep-last", type=int, default=1, help="observations kept in full")
+    p.add_argument("--no-compress", action="store_true", help="keep every observation in full")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="token budget of a prompt")
+    p.add_argument("--think", action="store_true", help="ask for a <think> block before the action")
+    p.add_argument("--bf16", type=int, default=0, help="bf16 autocast for generation (1/0); slower than fp32 on CPU")
+    p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval or runs/eval-base)")
+    args = p.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    unknown = [t for t in tasks if t not in webenv.TASKS]
+    if unknown:
+        p.error(f"unknown task(s) {unknown}")
+    if args.ckpt and not os.path.isdir(args.ckpt):
+        p.error(f"--ckpt {args.ckpt}: no such checkpoint folder")
+    out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
+    os.makedirs(out, exist_ok=True)
+    model, tok = policy.load_model(args.ckpt or args.model)
+    t0 = time.time()
+    summary, trajs = evaluate(model, tok, tasks, webenv.eval_seeds(args.seeds), max_steps=args.max_steps,
+                              num_envs=args.num_envs, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              keep_last=args.keep_last, compress_context=not args.no_compress,
+                              max_prompt_tokens=args.max_prompt_tokens, bf16=bool(args.bf16),
+                              system=compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT)
+    summary["seconds"] = time.time() - t0
+    summary["real_steps"] = sum(t["steps"] for t in trajs)
+    summary["model"] = args.ckpt or args.model
+    title = f"{summary['model']}: {args.seeds} eval seeds per task, max {args.max_steps} steps"
+    md = markdown(summary, title)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out, "trajectories.jsonl"), "w") as f:
+        for t in trajs:
+            f.write(json.dumps(t) + "\n")
+    print(md)
+    print(f"wrote {out}/results.md, results.json, trajectories.jsonl ({summary['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

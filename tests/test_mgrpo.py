@@ -1,0 +1,73 @@
+"""M-GRPO numbers checked against values computed by hand."""
+import math
+
+import torch
+
+import mgrpo
+
+
+def test_equal_rewards_give_exactly_zero_advantage():
+    adv, zero = mgrpo.group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), ["a", "a", "a", "b", "b", "b"])
+    assert adv.tolist() == [0.0] * 6
+    assert zero == 1.0
+
+
+def test_advantages_by_hand():
+    # group a: rewards 1,0,0,0: mean 0.25, population std sqrt(0.1875) = 0.4330127
+    adv, zero = mgrpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), ["a", "a", "a", "a", "b", "b"])
+    s = math.sqrt(0.1875)
+    assert torch.allclose(adv[:4], torch.tensor([0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s]))
+    assert adv[:4].tolist()[0] > 1.73 and adv[4:].tolist() == [0.0, 0.0]
+    assert zero == 2 / 6
+
+
+def test_std_floor_keeps_tiny_differences_finite():
+    adv, _ = mgrpo.group_advantages(torch.tensor([1.0, 1.0 - 1e-6], dtype=torch.float64), ["a", "a"], std_floor=1e-2)
+    # (r - mean) = +-5e-7, std 5e-7 is floored to 1e-2: advantages +-5e-5, not +-1
+    assert torch.allclose(adv, torch.tensor([5e-5, -5e-5]), atol=1e-10)
+
+
+def test_token_weights_each_trajectory_counts_equally():
+    # trajectory 0: two turns with 2 and 1 action tokens (3 in all); trajectory 1: one turn with 4 tokens
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    w = mgrpo.token_weights(mask, torch.tensor([0, 0, 1]))
+    assert torch.allclose(w[0], torch.tensor([1 / 6, 1 / 6, 0, 0]))
+    assert torch.allclose(w[1], torch.tensor([1 / 6, 0, 0, 0]))
+    assert torch.allclose(w[2], torch.full((4,), 1 / 8))
+    assert abs(float(w.sum()) - 1.0) < 1e-6
+
+
+def test_empty_mask_trajectory_is_skipped_not_nan():
+    w = mgrpo.token_weights(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), torch.tensor([0, 1]))
+    assert torch.isfinite(w).all() and torch.allclose(w, torch.tensor([[0.0, 0.0], [0.5, 0.5]]))
+
+
+def test_loss_by_hand_with_clipping():
+    # one sample, two action tokens, advantage +1, eps 0.2
+    logp = torch.log(torch.tensor([[0.5, 0.9]]))
+    old = torch.log(torch.tensor([[0.5, 0.6]]))  # ratios 1.0 and 1.5 (clipped to 1.2 since A > 0)
+    w = torch.tensor([[0.5, 0.5]])
+    loss, s = mgrpo.mgrpo_loss(logp, old, torch.tensor([1.0]), w, clip_low=0.2, clip_high=0.2)
+    assert abs(float(loss) - (-(0.5 * 1.0 + 0.5 * 1.2))) < 1e-6
+    assert abs(s["clip_frac"] - 0.5) < 1e-6 and abs(s["ratio"] - 1.25) < 1e-6
+    # negative advantage: min(rho A, clip(rho) A) = min(-1.5, -1.2) = -1.5: not clipped from below
+    loss, _ = mgrpo.mgrpo_loss(logp, old, torch.tensor([-1.0]), w)
+    assert abs(float(loss) - (0.5 * 1.0 + 0.5 * 1.5)) < 1e-6
+
+
+def test_gradient_is_advantage_times_weight_on_policy():
+    # at rho = 1 the gradient of -rho*A*w w.r.t. logp is -A*w
+    logp = torch.log(torch.tensor([[0.3, 0.7]])).requires_grad_()
+    loss, _ = mgrpo.mgrpo_loss(logp, logp.detach(), torch.tensor([2.0]), torch.tensor([[0.25, 0.0]]))
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, 0.0]]))
+
+
+def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
+    logp = torch.log(torch.tensor([[0.5]]))
+    w = torch.ones(1, 1)
+    l0, s0 = mgrpo.mgrpo_loss(logp, logp, torch.tensor([0.0]), w, ref_logp=logp, kl_coef=0.1)
+    assert float(l0) == 0.0 and s0["kl"] == 0.0
+    ref = torch.log(torch.tensor([[0.25]]))  # d = log(0.5): k3 = 0.5 - log 0.5 - 1 = 0.193147
+    l1, s1 = mgrpo.mgrpo_loss(logp, logp, torch.tensor([0.0]), w, ref_logp=ref, kl_coef=0.1)
+    assert abs(s1["kl"] - (0.5 - math.log(0.5) - 1)) < 1e-6 and abs(float(l1) - 0.1 * s1["kl"]) < 1e-6

@@ -1,0 +1,485 @@
+"""webdream training: behaviour cloning, then multi-turn RL on real web pages.
+
+    python train.py --mode bc --demos runs/demos.jsonl --out runs/bc           # BC warm-up
+    python train.py --mode real --init runs/bc/final --out runs/real           # M-GRPO on real pages
+    torchrun --nproc_per_node 2 train.py --mode real --init runs/bc/final      # same, 2 processes
+    python train.py --mode real --out runs/real --resume                      # continue an interrupted run
+
+--mode bc:   supervised fine-tuning on expert trajectories, loss on action tokens only
+             (WebAgent-R1's behaviour-cloning warm-up, Sec. 3.1).
+--mode real: M-GRPO (mgrpo.py) on trajectories collected in real headless Chromium (rollout.py),
+             every prompt built with dynamic context compression (compress.py).
+
+Under torchrun each rank collects its own groups on its own share of the tasks and gradients
+are averaged across ranks (gloo on CPU, nccl on GPU). Checkpoints are Hugging Face folders
+(safetensors) plus optimizer, step and RNG state, written atomically; --resume continues from
+the newest. Metrics go to TensorBoard (out/tb) and out/metrics.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import compress
+import env as webenv
+import mgrpo
+import policy
+from rollout import EnvPool, rollout
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("run")
+    g.add_argument("--mode", choices=["bc", "real"], required=True, help="bc: behaviour cloning; real: M-GRPO on real pages")
+    g.add_argument("--out", default=None, help="run folder (checkpoints, logs); default runs/<mode>")
+    g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    g.add_argument("--seed", type=int, default=0, help="random seed (each rank adds its rank)")
+    g.add_argument("--save-every", type=int, default=5, help="checkpoint every N optimizer steps (bc) or iterations (real)")
+    g.add_argument("--keep-ckpts", type=int, default=2, help="how many step checkpoints to keep")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=policy.DEFAULT_MODEL, help="default model, a local HF folder or a hub id")
+    g.add_argument("--init", default=None, help="checkpoint folder to start from (e.g. runs/bc/final); overrides --model")
+    g.add_argument("--tiny", action="store_true", help="a tiny random model with the model's tokenizer (tests, smoke runs)")
+    g.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank instead of all weights")
+    g.add_argument("--bf16", type=int, default=0, help="bf16 autocast for training (1/0); generation uses it on GPU only (on CPU it is slower there)")
+    g.add_argument("--grad-ckpt", type=int, default=0, help="gradient checkpointing (saves memory, costs ~30%% time)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4 bc, 2e-6 real; x10 with LoRA)")
+    g.add_argument("--batch-size", type=int, default=32, help="bc: samples (turns) per optimizer step, all ranks")
+    g.add_argument("--micro-batch", type=int, default=8, help="samples per forward pass (memory)")
+    g.add_argument("--epochs", type=float, default=2.0, help="bc: passes over the demonstrations")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    g = p.add_argument_group("data and environment")
+    g.add_argument("--demos", default="runs/demos.jsonl", help="bc: expert trajectories (python experts.py)")
+    g.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
+    g.add_argument("--max-steps", type=int, default=6, help="turns per episode (test-time interaction budget)")
+    g.add_argument("--keep-last", type=int, default=1, help="observations kept in full, the current one included")
+    g.add_argument("--no-compress", action="store_true", help="ablation: keep every observation in full")
+    g.add_argument("--max-prompt-tokens", type=int, default=1024, help="token budget of a prompt")
+    g.add_argument("--think", action="store_true", help="ask for a <think> block before the action")
+    g = p.add_argument_group("M-GRPO (real mode)")
+    g.add_argument("--iterations", type=int, default=10, help="rollout + update iterations")
+    g.add_argument("--groups-per-iter", type=int, default=8, help="groups (task, seed) per iteration, all ranks")
+    g.add_argument("--group-size", type=int, default=4, help="G: trajectories per group")
+    g.add_argument("--num-envs", type=int, default=16, help="episodes running at once per rank (browsers)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
+    g.add_argument("--clip", type=float, default=0.2, help="PPO clip epsilon (both sides)")
+    g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial model (0: no reference model)")
+    g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
+    g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
+    args = p.parse_args(argv)
+    # derived values and checks, right after parsing
+    args.out = args.out or os.path.join("runs", args.mode)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    unknown = [t for t in args.tasks if t not in webenv.TASKS]
+    if unknown:
+        p.error(f"unknown task(s) {unknown}; known MiniWoB tasks include {webenv.SUITE}")
+    if args.mode == "real" and args.group_size < 2:
+        p.error("--group-size must be at least 2: a group of one has no advantage")
+    if args.init and not os.path.isdir(args.init):
+        p.error(f"--init {args.init}: no such checkpoint folder")
+    if args.lr is None:
+        args.lr = (1e-4 if args.mode == "bc" else 2e-6) * (10 if args.lora_rank else 1)
+    args.system = compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT
+    return args
+
+
+# ----------------------------------------------------------------------------- distributed
+def setup_distributed():
+    """torchrun sets RANK/WORLD_SIZE; plain `python` runs as rank 0 of 1."""
+    rank, world, local = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cpu":  # share the cores between the processes of this node
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    else:
+        torch.cuda.set_device(device)
+    return rank, world, device
+
+
+def all_mean(values: dict, world: int) -> dict:
+    """Average a dict of floats over ranks."""
+    if world == 1 or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / world for k, v in zip(keys, t)}
+
+
+def all_sum(x: float, world: int) -> float:
+    if world == 1:
+        return x
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def average_gradients(model, world: int):
+    """DDP's gradient all-reduce, spelled out: every rank ends with the mean gradient."""
+    if world == 1:
+        return
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad /= world
+
+
+# ----------------------------------------------------------------------------- logging
+class Logger:
+    """`log(metrics, step)`: TensorBoard + JSONL on rank 0, a no-op elsewhere."""
+
+    def __init__(self, out: str, enabled: bool):
+        self.enabled = enabled
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(os.path.join(out, "tb"))
+            self.jsonl = open(os.path.join(out, "metrics.jsonl"), "a")
+
+    def log(self, metrics: dict, step: int):
+        if not self.enabled:
+            return
+        for k, v in metrics.items():
+            self.tb.add_scalar(k, v, step)
+        self.jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        self.jsonl.flush()
+        self.tb.flush()
+
+    def close(self):
+        if self.enabled:
+            self.tb.close()
+            self.jsonl.close()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int):
+    """Write out/name atomically (a temp folder, then rename) and point out/latest at it."""
+    final = os.path.join(out, name)
+    tmp = final + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), "step": step, "extra": extra,
+                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}},
+               os.path.join(tmp, "trainer_state.pt"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    with open(os.path.join(out, "latest.tmp"), "w") as f:
+        f.write(name)
+    os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
+    steps = sorted(d for d in os.listdir(out) if d.startswith("step-") and not d.endswith(".tmp"))
+    for d in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(os.path.join(out, d), ignore_errors=True)
+
+
+def latest_checkpoint(out: str) -> str | None:
+    try:
+        with open(os.path.join(out, "latest")) as f:
+            path = os.path.join(out, f.read().strip())
+        return path if os.path.isdir(path) else None
+    except FileNotFoundError:
+        return None
+
+
+def build_model(args, device, path=None):
+    if path is not None:
+        model, tok = policy.load_model(path, device=device)
+    elif args.tiny:
+        tok = policy.load_tokenizer(args.model)
+        model = policy.tiny_model(tok)
+    else:
+        model, tok = policy.load_model(args.init or args.model, lora_rank=args.lora_rank, device=device)
+    model.to(device)
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model, tok
+
+
+# ----------------------------------------------------------------------------- behaviour cloning
+def bc_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, action ids + end-of-turn) for every turn of every expert trajectory, with the
+    prompt built exactly as at rollout time (compression, budget, system prompt)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--demos {path} not found: write it with `python experts.py --out {path}`")
+    eos = tokenizer.eos_token_id
+    samples = []
+    with open(path) as f:
+        for line in f:
+            traj = json.loads(line)
+            if not traj.get("success") or traj["task"] not in args.tasks:
+                continue
+            history = []
+            for turn in traj["turns"]:
+                prompt = compress.build_prompt(tokenizer, history, turn["observation"], keep_last=args.keep_last,
+                                               compress=not args.no_compress, max_tokens=args.max_prompt_tokens,
+                                               system=args.system)
+                response = turn.get("response") or turn["action"]
+                samples.append((prompt, tokenizer.encode(response, add_special_tokens=False) + [eos]))
+                history.append({"observation": turn["observation"], "response": response})
+    if not samples:
+        raise ValueError(f"{path} holds no successful expert trajectory for tasks {args.tasks}")
+    return samples
+
+
+def train_bc(args, rank, world, device, logger):
+    resume = latest_checkpoint(args.out) if args.resume else None
+    model, tok = build_model(args, device, path=resume)
+    samples = bc_samples(args.demos, tok, args)
+    per_rank = args.batch_size // world
+    assert per_rank >= 1 and args.batch_size % world == 0, "--batch-size must divide evenly across ranks"
+    steps_per_epoch = max(1, len(samples) // args.batch_size)
+    total_steps = max(1, int(steps_per_epoch * args.epochs))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps))
+    step = 0
+    if resume:
+        step = restore_state(resume, opt)
+        sched.last_epoch = step
+    print0(rank, f"bc: {len(samples)} samples, {total_steps} steps of {args.batch_size}, lr {args.lr}, world {world}")
+    bar = tqdm(total=total_steps, initial=step, desc="bc", disable=rank != 0)
+    t_start, tokens = time.time(), 0
+    while step < total_steps:
+        epoch, offset = divmod(step, steps_per_epoch)
+        order = np.random.default_rng(args.seed + epoch).permutation(len(samples))  # same order on every rank
+        batch = order[offset * args.batch_size:(offset + 1) * args.batch_size][rank::world]
+        model.train()
+        n_tok = sum(len(samples[i][1]) for i in batch)
+        loss_sum = 0.0
+        t0 = time.time()
+        for mb in range(0, len(batch), args.micro_batch):
+            idx = batch[mb:mb + args.micro_batch]
+            ids, mask, resp_mask, L = policy.response_batch([samples[i][0] for i in idx], [samples[i][1] for i in idx], tok.pad_token_id)
+            with policy.autocast(device, bool(args.bf16)):
+                logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L)  # (B, L)
+            loss = -(logp * resp_mask.to(device)).sum() / n_tok  # token mean over the rank's batch
+            loss.backward()
+            loss_sum += float(loss)
+            tokens += int(mask.sum())
+        average_gradients(model, world)
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        m = all_mean({"loss/bc": loss_sum, "loss/grad_norm": float(gnorm)}, world)
+        m.update({"perf/step_s": time.time() - t0, "perf/tokens_per_s": all_sum(tokens, world) / (time.time() - t_start),
+                  "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch})
+        logger.log(m, step)
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss/bc']:.3f}")
+        if rank == 0 and (step % args.save_every == 0 or step == total_steps):
+            save_checkpoint(args.out, f"step-{step:06d}", model, tok, opt, step, {}, args.keep_ckpts)
+        barrier(world)
+    bar.close()
+    if rank == 0:
+        save_checkpoint(args.out, "final", model, tok, opt, step, {}, args.keep_ckpts)
+    return model
+
+
+# ----------------------------------------------------------------------------- M-GRPO on real pages
+def iteration_jobs(args, it: int, rank: int, world: int) -> list[tuple[str, int]]:
+    """This rank's (task, seed) groups for iteration `it`, each repeated G times. Groups never
+    straddle ranks: rank r takes groups r, r+world, ... of the iteration's list."""
+    rng = random.Random(args.seed * 1_000_003 + it)  # the same list on every rank
+    groups = []
+    for g in range(args.groups_per_iter):
+        task = args.tasks[(it * args.groups_per_iter + g) % len(args.tasks)]  # cycle through the suite
+        groups.append((task, rng.choice(webenv.TRAIN_SEEDS)))
+    return [job for job in groups[rank::world] for _ in range(args.group_size)]
+
+
+def train_real(args, rank, world, device, logger):
+    resume = latest_checkpoint(args.out) if args.resume else None
+    model, tok = build_model(args, device, path=resume)
+    ref = None
+    if args.kl_coef > 0:
+        ref, _ = build_model(args, device)
+        ref.eval().requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
+    it, env_steps = 0, 0
+    if resume:
+        state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
+        it, env_steps = restore_state(resume, opt, state), state["extra"].get("env_steps", 0)
+    pool = EnvPool(lambda task: webenv.WebEnv(task, max_steps=args.max_steps), max_envs=args.num_envs)
+    print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, world {world}")
+    try:
+        bar = tqdm(total=args.iterations, initial=it, desc="m-grpo", disable=rank != 0)
+        while it < args.iterations:
+            t0 = time.time()
+            jobs = iteration_jobs(args, it, rank, world)
+            trajs, rstats = rollout(model, tok, pool, jobs, num_envs=args.num_envs, temperature=args.temperature,
+                                    max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
+                                    compress_context=not args.no_compress, max_prompt_tokens=args.max_prompt_tokens,
+                                    system=args.system, bf16=bool(args.bf16) and device.type == "cuda", progress=rank == 0,
+                                    desc=f"rollout {it}")
+            t_roll = time.time() - t0
+            lstats = update_mgrpo(model, ref, opt, tok, trajs, args, device, world)
+            it += 1
+            ok = [t for t in trajs if not t["env_error"]]
+            env_steps += int(all_sum(rstats.get("env_steps", 0), world))
+            m = all_mean({"rollout/success": np.mean([t["success"] for t in ok]) if ok else 0.0,
+                          "rollout/turns": np.mean([t["steps"] for t in ok]) if ok else 0.0,
+                          "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for t in ok for u in t["turns"]] or [0]),
+                          "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
+                          "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
+                          "perf/env_s": rstats.get("env_s", 0.0), **lstats}, world)
+            m.update({"env/real_steps": env_steps, "perf/iter_s": time.time() - t0})
+            logger.log(m, it)
+            bar.update(1)
+            bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.3f}")
+            if rank == 0 and (it % args.save_every == 0 or it == args.iterations):
+                save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, {"env_steps": env_steps}, args.keep_ckpts)
+            barrier(world)
+        bar.close()
+        if rank == 0:
+            save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": env_steps}, args.keep_ckpts)
+    finally:
+        pool.close()
+    return model
+
+
+def update_mgrpo(model, ref, opt, tok, trajs, args, device, world) -> dict:
+    """One M-GRPO update on this rank's trajectories (mgrpo.py has the formulas)."""
+    trajs = [t for t in trajs if not t["env_error"] and t["turns"]]  # env_error: neither success nor failure
+    rewards = torch.tensor([t["reward"] for t in trajs], dtype=torch.float32)
+    adv, zero_var = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in trajs])
+    prompts, responses, traj_idx, sample_adv = [], [], [], []
+    for i, t in enumerate(trajs):
+        for turn in t["turns"]:
+            if turn["response_ids"]:
+                prompts.append(turn["prompt_ids"]); responses.append(turn["response_ids"])
+                traj_idx.append(i); sample_adv.append(float(adv[i]))
+    stats = {"rollout/reward": float(rewards.mean()) if len(rewards) else 0.0, "rollout/zero_var_groups": zero_var}
+    if not prompts:
+        prompts, responses, traj_idx, sample_adv = [[tok.eos_token_id]], [[tok.eos_token_id]], [0], [0.0]
+    # Weights over every sample (mgrpo.token_weights: each trajectory counts equally), then keep
+    # only the samples that move the loss: with no KL term a zero-advantage sample contributes
+    # exactly 0, so skipping its forward and backward pass changes nothing but the time taken.
+    lengths = torch.tensor([len(r) for r in responses])
+    full = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).float()  # (M, Lmax), left-aligned
+    tok_w = mgrpo.token_weights(full, torch.tensor(traj_idx))[:, 0]  # (M,) the weight of each action token
+    keep = [i for i in range(len(responses)) if sample_adv[i] != 0.0 or args.kl_coef > 0]
+    if not keep:
+        keep = [0]  # every rank must run a backward so that the gradient all-reduce lines up
+        tok_w = tok_w * 0
+    order = keep
+    n_updates = args.ppo_epochs * args.minibatches
+    old = {}
+    if n_updates > 1:  # pi_old must be the sampling-time policy: score once before any update
+        model.eval()
+        with torch.no_grad():
+            for mb in range(0, len(order), args.micro_batch):
+                idx = order[mb:mb + args.micro_batch]
+                ids, mask, rm, L = policy.response_batch([prompts[i] for i in idx], [responses[i] for i in idx], tok.pad_token_id)
+                with policy.autocast(device, bool(args.bf16)):
+                    lp = policy.token_logprobs(model, ids.to(device), mask.to(device), L, temperature=args.temperature)
+                for j, i in enumerate(idx):
+                    old[i] = lp[j, L - len(responses[i]):].float().cpu()
+    model.train()
+    agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0}
+    rng = random.Random(len(order))
+    for epoch in range(args.ppo_epochs):
+        perm = order[:]
+        rng.shuffle(perm)
+        chunks = [perm[k::args.minibatches] for k in range(args.minibatches)]
+        for chunk in chunks:
+            for mb in range(0, len(chunk), args.micro_batch):
+                idx = chunk[mb:mb + args.micro_batch]
+                ids, mask, rm, L = policy.response_batch([prompts[i] for i in idx], [responses[i] for i in idx], tok.pad_token_id)
+                ids, mask, rm = ids.to(device), mask.to(device), rm.to(device)
+                with policy.autocast(device, bool(args.bf16)):
+                    logp = policy.token_logprobs(model, ids, mask, L, temperature=args.temperature).float()  # (B, L)
+                    ref_lp = None
+                    if ref is not None:
+                        with torch.no_grad():
+                            ref_lp = policy.token_logprobs(ref, ids, mask, L, temperature=args.temperature).float()
+                if n_updates > 1:
+                    old_lp = torch.zeros_like(logp)
+                    for j, i in enumerate(idx):
+                        old_lp[j, L - len(responses[i]):] = old[i].to(device)
+                else:
+                    old_lp = logp.detach()  # a single update from the sampling policy: pi_old = pi exactly
+                # weights sum to 1 over the whole batch; each of the minibatches is ~1/minibatches of it
+                w = rm * torch.tensor([float(tok_w[i]) * args.minibatches for i in idx], device=device)[:, None]
+                a = torch.tensor([sample_adv[i] for i in idx], device=device)
+                loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=args.clip, clip_high=args.clip,
+                                           ref_logp=ref_lp, kl_coef=args.kl_coef)
+                loss.backward()
+                agg["loss/policy"] += loss.item() / n_updates
+                for k in ("ratio", "clip_frac", "kl"):
+                    agg[f"loss/{k}"] += s[k] * s["weight"] / n_updates
+            average_gradients(model, world)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            agg["loss/grad_norm"] = float(gnorm)
+    stats.update(agg)
+    stats["loss/samples_trained"] = len(keep)
+    return stats
+
+
+# ----------------------------------------------------------------------------- main
+def restore_state(path: str, opt, state=None) -> int:
+    state = state or torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    return int(state["step"])
+
+
+def barrier(world):
+    if world > 1:
+        dist.barrier()
+
+
+def print0(rank, *a):
+    if rank == 0:
+        print(*a, flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, world, device = setup_distributed()
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        if not args.resume and latest_checkpoint(args.out):
+            print(f"note: {args.out} already holds checkpoints; pass --resume to continue from them", file=sys.stderr)
+        with open(os.path.join(args.out, "args.json"), "w") as f:
+            json.dump({k: v for k, v in vars(args).items()}, f, indent=1)
+    barrier(world)
+    logger = Logger(args.out, enabled=rank == 0)
+    try:
+        if args.mode == "bc":
+            train_bc(args, rank, world, device, logger)
+        else:
+            train_real(args, rank, world, device, logger)
+    finally:
+        logger.close()
+        if world > 1:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
