@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 import compress
 import env as webenv
+import gspo
 import mgrpo
 import policy
 from rollout import EnvPool, rollout
@@ -69,14 +70,16 @@ def parse_args(argv=None):
     g.add_argument("--no-compress", action="store_true", help="ablation: keep every observation in full")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="token budget of a prompt")
     g.add_argument("--think", action="store_true", help="ask for a <think> block before the action")
-    g = p.add_argument_group("M-GRPO (real mode)")
+    g = p.add_argument_group("RL (real mode)")
     g.add_argument("--iterations", type=int, default=10, help="rollout + update iterations")
     g.add_argument("--groups-per-iter", type=int, default=8, help="groups (task, seed) per iteration, all ranks")
     g.add_argument("--group-size", type=int, default=4, help="G: trajectories per group")
     g.add_argument("--num-envs", type=int, default=16, help="episodes running at once per rank (browsers)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
     g.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
-    g.add_argument("--clip", type=float, default=0.2, help="PPO clip epsilon (both sides)")
+    g.add_argument("--loss", choices=["mgrpo", "gspo"], default="mgrpo", help="token-level M-GRPO or sequence-level GSPO")
+    g.add_argument("--clip-low", type=float, default=None, help="ratio clip below 1 (default 0.2 mgrpo, 3e-4 gspo)")
+    g.add_argument("--clip-high", type=float, default=None, help="ratio clip above 1 (default 0.2 mgrpo, 4e-4 gspo)")
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial model (0: no reference model)")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
@@ -93,6 +96,10 @@ def parse_args(argv=None):
         p.error(f"--init {args.init}: no such checkpoint folder")
     if args.lr is None:
         args.lr = (1e-4 if args.mode == "bc" else 2e-6) * (10 if args.lora_rank else 1)
+    if args.clip_low is None:
+        args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
+    if args.clip_high is None:
+        args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
     args.system = compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT
     return args
 
@@ -331,7 +338,7 @@ def train_real(args, rank, world, device, logger):
                                     system=args.system, bf16=bool(args.bf16) and device.type == "cuda", progress=rank == 0,
                                     desc=f"rollout {it}")
             t_roll = time.time() - t0
-            lstats = update_mgrpo(model, ref, opt, tok, trajs, args, device, world)
+            lstats = policy_update(model, ref, opt, tok, trajs, args, device, world)
             it += 1
             ok = [t for t in trajs if not t["env_error"]]
             env_steps += int(all_sum(rstats.get("env_steps", 0), world))
@@ -356,84 +363,112 @@ def train_real(args, rank, world, device, logger):
     return model
 
 
-def update_mgrpo(model, ref, opt, tok, trajs, args, device, world) -> dict:
-    """One M-GRPO update on this rank's trajectories (mgrpo.py has the formulas)."""
-    trajs = [t for t in trajs if not t["env_error"] and t["turns"]]  # env_error: neither success nor failure
+def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
+    """One policy update on this rank's trajectories with --loss mgrpo or gspo.
+
+    Each turn is a sample (its prompt ids + its reply ids, exactly as generated). Micro-batches
+    are built from whole trajectories, which GSPO's sequence ratio needs and M-GRPO does not mind.
+    """
+    trajs = [t for t in trajs if not t["env_error"] and any(u["response_ids"] for u in t["turns"])]  # env_error: neither success nor failure
     rewards = torch.tensor([t["reward"] for t in trajs], dtype=torch.float32)
     adv, zero_var = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in trajs])
-    prompts, responses, traj_idx, sample_adv = [], [], [], []
-    for i, t in enumerate(trajs):
-        for turn in t["turns"]:
-            if turn["response_ids"]:
-                prompts.append(turn["prompt_ids"]); responses.append(turn["response_ids"])
-                traj_idx.append(i); sample_adv.append(float(adv[i]))
-    stats = {"rollout/reward": float(rewards.mean()) if len(rewards) else 0.0, "rollout/zero_var_groups": zero_var}
-    if not prompts:
-        prompts, responses, traj_idx, sample_adv = [[tok.eos_token_id]], [[tok.eos_token_id]], [0], [0.0]
-    # Weights over every sample (mgrpo.token_weights: each trajectory counts equally), then keep
-    # only the samples that move the loss: with no KL term a zero-advantage sample contributes
-    # exactly 0, so skipping its forward and backward pass changes nothing but the time taken.
-    lengths = torch.tensor([len(r) for r in responses])
-    full = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).float()  # (M, Lmax), left-aligned
-    tok_w = mgrpo.token_weights(full, torch.tensor(traj_idx))[:, 0]  # (M,) the weight of each action token
-    keep = [i for i in range(len(responses)) if sample_adv[i] != 0.0 or args.kl_coef > 0]
-    if not keep:
-        keep = [0]  # every rank must run a backward so that the gradient all-reduce lines up
-        tok_w = tok_w * 0
-    order = keep
+    stats = {"rollout/reward": float(rewards.mean()) if len(trajs) else 0.0, "rollout/zero_var_groups": zero_var}
+    samples = [(i, u["prompt_ids"], u["response_ids"]) for i, t in enumerate(trajs) for u in t["turns"] if u["response_ids"]]
+    if samples:
+        # M-GRPO token weights over every trajectory (mgrpo.token_weights: each trajectory counts equally)
+        lengths = torch.tensor([len(r) for _, _, r in samples])
+        full = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).float()  # (M, Lmax)
+        tok_w = mgrpo.token_weights(full, torch.tensor([i for i, _, _ in samples]))[:, 0].tolist()  # weight of one action token
+    # Only trajectories with a nonzero advantage move the loss (without a KL term): skipping the
+    # others' forward and backward passes changes nothing but the time taken.
+    live = [i for i in range(len(trajs)) if float(adv[i]) != 0.0 or (args.kl_coef > 0 and args.loss == "mgrpo")]
+    by_traj = {}
+    for k, (i, _, _) in enumerate(samples):
+        by_traj.setdefault(i, []).append(k)
     n_updates = args.ppo_epochs * args.minibatches
     old = {}
-    if n_updates > 1:  # pi_old must be the sampling-time policy: score once before any update
+    if n_updates > 1 and live:  # pi_old must be the sampling-time policy: score once before any update
         model.eval()
         with torch.no_grad():
-            for mb in range(0, len(order), args.micro_batch):
-                idx = order[mb:mb + args.micro_batch]
-                ids, mask, rm, L = policy.response_batch([prompts[i] for i in idx], [responses[i] for i in idx], tok.pad_token_id)
-                with policy.autocast(device, bool(args.bf16)):
-                    lp = policy.token_logprobs(model, ids.to(device), mask.to(device), L, temperature=args.temperature)
-                for j, i in enumerate(idx):
-                    old[i] = lp[j, L - len(responses[i]):].float().cpu()
+            for mb in micro_batches(live, by_traj, args.micro_batch):
+                lp, _, L = score(model, tok, [samples[k] for k in mb], args, device)
+                for j, k in enumerate(mb):
+                    old[k] = lp[j, L - len(samples[k][2]):]  # this sample's reply tokens only
     model.train()
     agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0}
-    rng = random.Random(len(order))
+    rng = random.Random(len(samples))
+    shares = 0.0  # ratio, clip fraction and KL are averaged with the weight each micro-batch carries
+    work = live or [None]  # every rank must run a backward so that the gradient all-reduce lines up
     for epoch in range(args.ppo_epochs):
-        perm = order[:]
+        perm = work[:]
         rng.shuffle(perm)
-        chunks = [perm[k::args.minibatches] for k in range(args.minibatches)]
-        for chunk in chunks:
-            for mb in range(0, len(chunk), args.micro_batch):
-                idx = chunk[mb:mb + args.micro_batch]
-                ids, mask, rm, L = policy.response_batch([prompts[i] for i in idx], [responses[i] for i in idx], tok.pad_token_id)
-                ids, mask, rm = ids.to(device), mask.to(device), rm.to(device)
-                with policy.autocast(device, bool(args.bf16)):
-                    logp = policy.token_logprobs(model, ids, mask, L, temperature=args.temperature).float()  # (B, L)
+        for chunk in [perm[k::args.minibatches] for k in range(args.minibatches)]:
+            for mb in micro_batches([i for i in chunk if i is not None], by_traj, args.micro_batch) or [[]]:
+                if not mb:  # nothing to learn from on this rank: a zero loss keeps the ranks in step
+                    loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+                    loss.backward()
+                    continue
+                batch = [samples[k] for k in mb]
+                logp, rm, L = score(model, tok, batch, args, device)  # (B, L)
+                if n_updates > 1:
+                    old_lp = torch.zeros_like(logp)  # right-aligned like logp; padding stays masked
+                    for j, k in enumerate(mb):
+                        old_lp[j, L - len(old[k]):] = old[k]
+                else:
+                    old_lp = logp.detach()  # one update from the sampling policy: pi_old = pi exactly
+                local = {i: j for j, i in enumerate(dict.fromkeys(i for i, _, _ in batch))}
+                if args.loss == "gspo":
+                    loss, s = gspo.gspo_loss(logp, old_lp, adv[list(local)].to(device), rm,
+                                             torch.tensor([local[i] for i, _, _ in batch], device=device),
+                                             num_traj=max(1, len(trajs)) / args.minibatches,
+                                             clip_low=args.clip_low, clip_high=args.clip_high)
+                    share = s["n"] / max(1, len(live))
+                else:
                     ref_lp = None
                     if ref is not None:
                         with torch.no_grad():
-                            ref_lp = policy.token_logprobs(ref, ids, mask, L, temperature=args.temperature).float()
-                if n_updates > 1:
-                    old_lp = torch.zeros_like(logp)
-                    for j, i in enumerate(idx):
-                        old_lp[j, L - len(responses[i]):] = old[i].to(device)
-                else:
-                    old_lp = logp.detach()  # a single update from the sampling policy: pi_old = pi exactly
-                # weights sum to 1 over the whole batch; each of the minibatches is ~1/minibatches of it
-                w = rm * torch.tensor([float(tok_w[i]) * args.minibatches for i in idx], device=device)[:, None]
-                a = torch.tensor([sample_adv[i] for i in idx], device=device)
-                loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=args.clip, clip_high=args.clip,
-                                           ref_logp=ref_lp, kl_coef=args.kl_coef)
+                            ref_lp, _, _ = score(ref, tok, batch, args, device)
+                    # weights sum to 1 over the batch; each of the minibatches is ~1/minibatches of it
+                    w = rm * torch.tensor([tok_w[k] * args.minibatches for k in mb], device=device)[:, None]
+                    a = torch.tensor([float(adv[i]) for i, _, _ in batch], device=device)
+                    loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=args.clip_low, clip_high=args.clip_high,
+                                               ref_logp=ref_lp, kl_coef=args.kl_coef)
+                    share = s["weight"]
                 loss.backward()
                 agg["loss/policy"] += loss.item() / n_updates
-                for k in ("ratio", "clip_frac", "kl"):
-                    agg[f"loss/{k}"] += s[k] * s["weight"] / n_updates
+                agg["loss/ratio"] += s["ratio"] * share
+                agg["loss/clip_frac"] += s["clip_frac"] * share
+                agg["loss/kl"] += s.get("kl", 0.0) * share
+                shares += share
             average_gradients(model, world)
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
             agg["loss/grad_norm"] = float(gnorm)
+    for k in ("loss/ratio", "loss/clip_frac", "loss/kl"):
+        agg[k] = agg[k] / shares if shares else (1.0 if k == "loss/ratio" else 0.0)
     stats.update(agg)
-    stats["loss/samples_trained"] = len(keep)
+    stats["loss/trajectories_trained"] = len(live)
     return stats
+
+
+def micro_batches(trajectories: list[int], by_traj: dict, size: int) -> list[list[int]]:
+    """Sample indices in micro-batches of about `size` samples, never splitting a trajectory."""
+    out, cur = [], []
+    for i in trajectories:
+        cur += by_traj.get(i, [])
+        if len(cur) >= size:
+            out.append(cur)
+            cur = []
+    return out + ([cur] if cur else [])
+
+
+def score(model, tok, batch, args, device):
+    """Log-probs of each sample's reply tokens: (B, L) log-probs, (B, L) reply mask, L."""
+    ids, mask, rm, L = policy.response_batch([p for _, p, _ in batch], [r for _, _, r in batch], tok.pad_token_id)
+    with policy.autocast(device, bool(args.bf16)):
+        logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L, temperature=args.temperature)
+    return logp.float(), rm.to(device), L
 
 
 # ----------------------------------------------------------------------------- main

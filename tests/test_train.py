@@ -56,3 +56,43 @@ def test_torchrun_two_processes_real_mode(tmp_path):
     assert [m["step"] for m in ms] == [1, 2]
     assert ms[-1]["env/real_steps"] >= 8  # 2 iterations x 2 groups x G=2 x at least one step each
     assert os.path.exists(os.path.join(out, "final", "trainer_state.pt"))
+
+
+def synthetic_trajectories(tok):
+    """Two groups of G=2 from a fixed prompt: one group with rewards 1/0, one with 1/1."""
+    import compress
+
+    prompt = compress.build_prompt(tok, [], "Goal: Click on the \"OK\" button.\nURL: click-button.html\n[12] button 'OK'")
+    good = tok.encode("click('12')", add_special_tokens=False) + [tok.eos_token_id]
+    bad = tok.encode("click('13')", add_special_tokens=False) + [tok.eos_token_id]
+    def traj(seed, resp, reward, turns=1):
+        return {"task": "click-button", "seed": seed, "env_error": False, "reward": reward, "success": reward == 1.0,
+                "turns": [{"prompt_ids": prompt, "response_ids": resp, "response_logprobs": [0.0] * len(resp)}] * turns}
+    return [traj(0, good, 1.0), traj(0, bad, 0.0, turns=2), traj(1, good, 1.0), traj(1, good, 1.0)]
+
+
+@pytest.mark.parametrize("loss,epochs,minibatches", [("mgrpo", 1, 1), ("gspo", 1, 1), ("mgrpo", 2, 2), ("gspo", 2, 1)])
+def test_policy_update_raises_the_likelihood_of_the_rewarded_action(loss, epochs, minibatches):
+    import torch
+
+    import policy
+    import train
+
+    tok = policy.load_tokenizer()
+    model = policy.tiny_model(tok)
+    args = train.parse_args(["--mode", "real", "--loss", loss, "--ppo-epochs", str(epochs), "--minibatches", str(minibatches),
+                             "--micro-batch", "2", "--lr", "1e-3"])
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    trajs = synthetic_trajectories(tok)
+    batch = [(0, trajs[0]["turns"][0]["prompt_ids"], trajs[0]["turns"][0]["response_ids"]),
+             (1, trajs[1]["turns"][0]["prompt_ids"], trajs[1]["turns"][0]["response_ids"])]
+    with torch.no_grad():
+        before, rm, _ = train.score(model, tok, batch, args, "cpu")
+    stats = train.policy_update(model, None, opt, tok, trajs, args, "cpu", 1)
+    with torch.no_grad():
+        after, _, _ = train.score(model, tok, batch, args, "cpu")
+    gain = ((after - before) * rm).sum(-1)
+    assert gain[0] > gain[1]  # the rewarded reply gains on the unrewarded one (they share most tokens)
+    assert stats["rollout/zero_var_groups"] == 0.5 and stats["loss/trajectories_trained"] == 2
+    if epochs * minibatches == 1:
+        assert abs(stats["loss/ratio"] - 1.0) < 1e-6 and stats["loss/clip_frac"] == 0.0  # on-policy: ratio exactly 1

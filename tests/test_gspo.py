@@ -1,0 +1,53 @@
+"""GSPO numbers checked against values computed by hand."""
+import math
+
+import torch
+
+import gspo
+
+
+def test_one_token_trajectory_ratio_is_the_token_ratio():
+    logp, old = torch.log(torch.tensor([[0.6]])), torch.log(torch.tensor([[0.5]]))
+    s = torch.exp(gspo.sequence_log_ratio(logp, old, torch.ones(1, 1), torch.tensor([0]), 1))
+    assert abs(float(s) - 1.2) < 1e-6
+
+
+def test_ratio_is_geometric_mean_over_all_turns():
+    # trajectory 0 has two turns: tokens with ratios 2 and 0.5 (turn 1) and 4 (turn 2)
+    old = torch.zeros(2, 2)
+    logp = torch.log(torch.tensor([[2.0, 0.5], [4.0, 1.0]]))
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    s = torch.exp(gspo.sequence_log_ratio(logp, old, mask, torch.tensor([0, 0]), 1))
+    assert abs(float(s) - (2 * 0.5 * 4) ** (1 / 3)) < 1e-5
+
+
+def test_padding_and_observation_tokens_do_not_change_the_ratio():
+    logp, old = torch.log(torch.tensor([[0.6, 0.9, 0.01]])), torch.log(torch.tensor([[0.5, 0.9, 0.9]]))
+    m = torch.tensor([[1.0, 1.0, 0.0]])  # the third position is padding or observation
+    r = gspo.sequence_log_ratio(logp, old, m, torch.tensor([0]), 1)
+    assert abs(math.exp(float(r)) - math.sqrt(1.2)) < 1e-6
+
+
+def test_equal_rewards_group_contributes_nothing():
+    logp = torch.log(torch.tensor([[0.6], [0.3]])).requires_grad_()
+    loss, _ = gspo.gspo_loss(logp, logp.detach() + 0.1, torch.zeros(2), torch.ones(2, 1), torch.tensor([0, 1]), num_traj=2)
+    loss.backward()
+    assert float(loss) == 0.0 and torch.all(logp.grad == 0)
+
+
+def test_loss_and_clipping_by_hand():
+    # s = 1.0002 (inside 1 + 4e-4) with A = +1; s = 1.001 (clipped to 1.0004) with A = +2; N = 4
+    old = torch.zeros(2, 1)
+    logp = torch.log(torch.tensor([[1.0002], [1.001]]))
+    loss, st = gspo.gspo_loss(logp, old, torch.tensor([1.0, 2.0]), torch.ones(2, 1), torch.tensor([0, 1]), num_traj=4)
+    assert abs(float(loss) - (-(1.0002 * 1 + 1.0004 * 2) / 4)) < 1e-6
+    assert st["clip_frac"] == 0.5
+
+
+def test_on_policy_gradient_is_sequence_mean():
+    # at s = 1 the gradient w.r.t. each action token's logp is -A / (|y_i| N)
+    logp = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]])).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # one trajectory, two turns, 3 action tokens
+    loss, _ = gspo.gspo_loss(logp, logp.detach(), torch.tensor([3.0]), mask, torch.tensor([0, 0]), num_traj=2)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5], [-0.5, 0.0]]))
