@@ -42,7 +42,8 @@ from rollout import EnvPool, rollout
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
-    g.add_argument("--mode", choices=["bc", "real"], required=True, help="bc: behaviour cloning; real: M-GRPO on real pages")
+    g.add_argument("--mode", choices=["bc", "wm", "real"], required=True,
+                   help="bc: behaviour cloning; wm: train the Δ world model; real: RL on real pages")
     g.add_argument("--out", default=None, help="run folder (checkpoints, logs); default runs/<mode>")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     g.add_argument("--seed", type=int, default=0, help="random seed (each rank adds its rank)")
@@ -64,6 +65,7 @@ def parse_args(argv=None):
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g = p.add_argument_group("data and environment")
     g.add_argument("--demos", default="runs/demos.jsonl", help="bc: expert trajectories (python experts.py)")
+    g.add_argument("--transitions", default="runs/transitions.jsonl", help="wm: real transitions (python world_model.py --collect)")
     g.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
     g.add_argument("--max-steps", type=int, default=6, help="turns per episode (test-time interaction budget)")
     g.add_argument("--keep-last", type=int, default=1, help="observations kept in full, the current one included")
@@ -95,7 +97,7 @@ def parse_args(argv=None):
     if args.init and not os.path.isdir(args.init):
         p.error(f"--init {args.init}: no such checkpoint folder")
     if args.lr is None:
-        args.lr = (1e-4 if args.mode == "bc" else 2e-6) * (10 if args.lora_rank else 1)
+        args.lr = (2e-6 if args.mode == "real" else 1e-4) * (10 if args.lora_rank else 1)
     if args.clip_low is None:
         args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
     if args.clip_high is None:
@@ -246,10 +248,16 @@ def bc_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
     return samples
 
 
-def train_bc(args, rank, world, device, logger):
+def train_supervised(args, rank, world, device, logger):
+    """--mode bc (policy on expert actions) and --mode wm (world model on Δ): the same loop,
+    -log p(target | prompt) averaged over target tokens, on different samples."""
     resume = latest_checkpoint(args.out) if args.resume else None
     model, tok = build_model(args, device, path=resume)
-    samples = bc_samples(args.demos, tok, args)
+    if args.mode == "bc":
+        samples = bc_samples(args.demos, tok, args)
+    else:
+        samples = wm_samples(args.transitions, tok, args)
+    tag = args.mode
     per_rank = args.batch_size // world
     assert per_rank >= 1 and args.batch_size % world == 0, "--batch-size must divide evenly across ranks"
     steps_per_epoch = max(1, len(samples) // args.batch_size)
@@ -260,8 +268,8 @@ def train_bc(args, rank, world, device, logger):
     if resume:
         step = restore_state(resume, opt)
         sched.last_epoch = step
-    print0(rank, f"bc: {len(samples)} samples, {total_steps} steps of {args.batch_size}, lr {args.lr}, world {world}")
-    bar = tqdm(total=total_steps, initial=step, desc="bc", disable=rank != 0)
+    print0(rank, f"{tag}: {len(samples)} samples, {total_steps} steps of {args.batch_size}, lr {args.lr}, world {world}")
+    bar = tqdm(total=total_steps, initial=step, desc=tag, disable=rank != 0)
     t_start, tokens = time.time(), 0
     while step < total_steps:
         epoch, offset = divmod(step, steps_per_epoch)
@@ -278,7 +286,7 @@ def train_bc(args, rank, world, device, logger):
                 logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L)  # (B, L)
             loss = -(logp * resp_mask.to(device)).sum() / n_tok  # token mean over the rank's batch
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += loss.item()
             tokens += int(mask.sum())
         average_gradients(model, world)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -286,12 +294,12 @@ def train_bc(args, rank, world, device, logger):
         sched.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        m = all_mean({"loss/bc": loss_sum, "loss/grad_norm": float(gnorm)}, world)
+        m = all_mean({f"loss/{tag}": loss_sum, "loss/grad_norm": float(gnorm)}, world)
         m.update({"perf/step_s": time.time() - t0, "perf/tokens_per_s": all_sum(tokens, world) / (time.time() - t_start),
                   "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch})
         logger.log(m, step)
         bar.update(1)
-        bar.set_postfix(loss=f"{m['loss/bc']:.3f}")
+        bar.set_postfix(loss=f"{m[f'loss/{tag}']:.3f}")
         if rank == 0 and (step % args.save_every == 0 or step == total_steps):
             save_checkpoint(args.out, f"step-{step:06d}", model, tok, opt, step, {}, args.keep_ckpts)
         barrier(world)
@@ -299,6 +307,19 @@ def train_bc(args, rank, world, device, logger):
     if rank == 0:
         save_checkpoint(args.out, "final", model, tok, opt, step, {}, args.keep_ckpts)
     return model
+
+
+def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, Δ ids + end-of-turn) for every recorded real transition (world_model.py)."""
+    import world_model
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--transitions {path} not found: write it with `python world_model.py --collect`")
+    trs = [t for t in world_model.load_transitions(path) if t["task"] in args.tasks]
+    samples = world_model.wm_samples(trs, tokenizer, max_tokens=args.max_prompt_tokens)
+    if not samples:
+        raise ValueError(f"{path} holds no usable transition for tasks {args.tasks}")
+    return samples
 
 
 # ----------------------------------------------------------------------------- M-GRPO on real pages
@@ -506,8 +527,8 @@ def main(argv=None):
     barrier(world)
     logger = Logger(args.out, enabled=rank == 0)
     try:
-        if args.mode == "bc":
-            train_bc(args, rank, world, device, logger)
+        if args.mode in ("bc", "wm"):
+            train_supervised(args, rank, world, device, logger)
         else:
             train_real(args, rank, world, device, logger)
     finally:

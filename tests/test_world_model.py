@@ -1,0 +1,383 @@
+"""The Δ world model: exact diff/apply, tolerance of model output, samples, DreamEnv with a tiny model.
+
+tests/data/transitions.jsonl holds real MiniWoB transitions (real Chromium, experts + random
+actions); rewrite it with `python tests/test_world_model.py`.
+"""
+import os
+import shutil
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import compress  # noqa: E402
+import policy  # noqa: E402
+import world_model as wm  # noqa: E402
+from env import Obs, parse_action  # noqa: E402
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "transitions.jsonl")
+
+OLD = "\n".join([
+    "[12] generic 'faucibus in nibh'",
+    "[13] button 'no'",
+    "[17] button 'submit'",
+    "StaticText 'Hello'",
+    " StaticText 'world'",
+    "[19] textbox",
+])
+
+
+def st8(axtree, url="miniwob/a.html", error=""):
+    return {"goal": "Click no.", "url": url, "axtree": axtree, "error": error}
+
+
+def test_unchanged_page_is_one_short_line():
+    assert wm.diff(st8(OLD), st8(OLD)) == "done: no"
+    assert wm.diff(st8(""), st8("")) == "done: no"
+    assert wm.apply(st8(OLD), "done: no") == (st8(OLD), 0)
+
+
+@pytest.mark.parametrize("new, done, delta", [
+    # changed bid line (flags), keyed by its bid
+    (OLD.replace("[13] button 'no'", "[13] button 'no', focused"), True,
+     "~ [13] button 'no', focused\ndone: yes"),
+    # removed bid line and removed line without bid (the 2nd line after [17])
+    (OLD.replace("[13] button 'no'\n", "").replace(" StaticText 'world'\n", ""), "fail",
+     "- [13]\n- [17]+2\ndone: fail"),
+    # changed line without bid, keyed by position
+    (OLD.replace("'Hello'", "'Bye'"), False, "~ [17]+1 StaticText 'Bye'\ndone: no"),
+    # added lines: at the top, after a bid line, indented, at the end
+    ("StaticText 'Top'\n" + OLD.replace("[17] button 'submit'\n", "[17] button 'submit'\n [30] link 'x'\n")
+     + "\n[31] button 'end'", False, "+ ^ StaticText 'Top'\n+ [17]  [30] link 'x'\n+ [19] [31] button 'end'\ndone: no"),
+])
+def test_hand_written_deltas(new, done, delta):
+    assert wm.diff(st8(OLD), st8(new), done) == delta
+    assert wm.apply(st8(OLD), delta) == (st8(new), 0)
+
+
+def test_url_and_error_lines_lead_and_only_when_there_is_one():
+    a, b = st8(OLD), st8(OLD, url="miniwob/b.html", error="ValueError: Could not find element with bid \"99\"")
+    d = wm.diff(a, b)
+    assert d == 'url: miniwob/b.html\nerror: ValueError: Could not find element with bid "99"\ndone: no'
+    assert wm.apply(a, d) == (b, 0)
+    # the error belongs to the new page only: the next Δ without an error clears it
+    assert wm.apply(b, "done: no")[0]["error"] == ""
+
+
+def test_replaced_stretch_pairs_lines_without_bid_and_inserts_after_the_survivor():
+    old = "[17] tablist\n [18] tab 'a'\n  StaticText 'p'\n  StaticText 'q'\n[24] tabpanel"
+    new = "[17] tablist\n [19] tab 'a'\n  StaticText 'p2'\n  [30] link 'z'\n[24] tabpanel"
+    d = wm.diff(st8(old), st8(new))
+    assert d == ("+ [17]  [19] tab 'a'\n- [18]\n~ [18]+1   StaticText 'p2'\n+ [18]+1   [30] link 'z'\n"
+                 "- [18]+2\ndone: no")
+    assert wm.apply(st8(old), d) == (st8(new), 0)
+
+
+def test_done_lines():
+    assert wm.predicted_done("~ [13] button 'no'\ndone: yes")
+    assert not wm.predicted_done("done: no") and not wm.predicted_done("done: fail") and not wm.predicted_done("")
+    assert wm.predicted_status("done: fail") == "fail"
+    assert wm.predicted_status("done: maybe") == "no"
+    assert wm.predicted_status("done: yes\ndone: no") == "yes"  # the first one wins
+    assert wm.diff(st8(OLD), st8(OLD), "yes") == "done: yes"
+    with pytest.raises(ValueError):
+        wm.diff(st8(OLD), st8(OLD), "maybe")
+
+
+def test_obs_dataclass_and_recorded_dicts_are_both_states():
+    o = Obs("g", "u", OLD, "", 3)
+    assert wm.as_state(o) == {"goal": "g", "url": "u", "axtree": OLD, "error": ""}
+    assert wm.as_state({"url": "u", "axtree": OLD}) == {"goal": "", "url": "u", "axtree": OLD, "error": ""}
+
+
+# ----------------------------------------------------------------------------------------------
+# Round trip: generated trees and real transitions
+
+ROLES = ["button", "textbox", "StaticText", "generic", "link", "tab", "checkbox", "heading"]
+NAME = st.one_of(st.just(""),
+                 st.text(st.characters(blacklist_characters="\n"), max_size=12).map(lambda s: " " + repr(s)))
+BID_LINE = st.builds(lambda ind, bid, role, name, flags: " " * ind + f"[{bid}] {role}{name}{flags}",
+                     st.integers(0, 3), st.one_of(st.integers(1, 40).map(str), st.just("a7")), st.sampled_from(ROLES),
+                     NAME, st.sampled_from(["", ", focused", ", checked", ", focused, checked"]))
+PLAIN_LINE = st.builds(lambda ind, role, name: " " * ind + role + name, st.integers(0, 3), st.sampled_from(ROLES), NAME)
+# lines that look like Δ syntax, refs or nothing at all
+WEIRD_LINE = st.one_of(st.sampled_from(["", " ", "[3]+1 x", "~ [3] x", "- [3]", "+ ^ x", "^+1", "done: yes",
+                                        "url: x", "... (12 more lines)", "[3]", " [4]", "[x] y", "[5]x"]),
+                       st.text(st.characters(blacklist_characters="\n"), max_size=15))
+LINE = st.one_of(BID_LINE, BID_LINE, PLAIN_LINE, WEIRD_LINE)
+
+
+def unique_bids(lines):
+    """Real trees name each bid once (one line per node): keep the first line of each bid."""
+    seen, out = set(), []
+    for x in lines:
+        b = wm._line_bid(x)
+        if b is None or b not in seen:
+            seen.add(b)
+            out.append(x)
+    return out
+
+
+@st.composite
+def transition(draw):
+    old = unique_bids(draw(st.lists(LINE, max_size=25)))
+    if draw(st.booleans()):
+        new = unique_bids(draw(st.lists(LINE, max_size=25)))  # an unrelated page
+    else:  # a few edits of the old page
+        new = list(old)
+        for _ in range(draw(st.integers(0, 6))):
+            kind = draw(st.sampled_from(["del", "ins", "chg", "move"]))
+            i = draw(st.integers(0, max(0, len(new) - 1)))
+            if kind == "ins" or not new:
+                new.insert(draw(st.integers(0, len(new))), draw(LINE))
+            elif kind == "del":
+                new.pop(i)
+            elif kind == "chg":
+                new[i] = new[i] + draw(st.sampled_from([", focused", "x", " value='a'"]))
+            else:
+                new.insert(draw(st.integers(0, len(new) - 1)), new.pop(i))
+        new = unique_bids(new)
+    text = st.text(st.characters(blacklist_characters="\n"), max_size=10)
+    a = {"goal": "g", "url": draw(text), "axtree": "\n".join(old), "error": draw(text)}
+    b = {"goal": "g", "url": draw(st.one_of(st.just(a["url"]), text)), "axtree": "\n".join(new), "error": draw(text)}
+    return a, b
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transition(), st.sampled_from([True, False, "fail"]))
+def test_round_trip_on_generated_trees(t, done):
+    a, b = t
+    d = wm.diff(a, b, done)
+    assert wm.apply(a, d) == (b, 0)
+    assert wm.predicted_done(d) == (done is True)
+    assert d.split("\n")[-1].startswith("done: ")
+
+
+def fixture_transitions():
+    return wm.load_transitions(DATA)
+
+
+def test_round_trip_on_real_transitions():
+    ts = fixture_transitions()
+    assert 15 <= len(ts) <= 40
+    assert {"yes", "no", "fail"} <= {wm.predicted_status(t["delta"]) for t in ts}
+    for t in ts:
+        assert wm.diff(t["obs"], t["next_obs"], wm.predicted_status(t["delta"])) == t["delta"]  # deterministic
+        o, bad = wm.apply(t["obs"], t["delta"])
+        assert bad == 0
+        nxt = t["next_obs"]
+        assert (o["url"], o["axtree"], o["error"]) == (nxt["url"], nxt["axtree"], nxt["error"])
+        assert wm.predicted_done(t["delta"]) == t["success"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile Δ text
+
+
+@pytest.mark.parametrize("delta, n_bad, axtree", [
+    ("hello world\n```\nThe page changes.\ndone: no", 3, OLD),             # prose and fences
+    ("- [99]\n~ [98] button 'x'\n+ [97] [50] button 'y'\n- [17]+9", 4, OLD),  # unknown refs
+    ("+ [12] [13] button 'again'", 1, OLD),                                # the bid is already on the page
+    ("+ [12] [40] button 'a'\n+ [12] [40] button 'a'", 1,                  # a duplicate add
+     OLD.replace("'faucibus in nibh'", "'faucibus in nibh'\n[40] button 'a'")),
+    ("- [13]\n- [13]\n~ [13] button 'x'", 2, OLD.replace("[13] button 'no'\n", "")),  # contradictions
+    ("~ [13] link 'no'\n~ [17]+1 [55] button 'z'", 1,                     # a change may not give a line a bid
+     OLD.replace("button 'no'", "link 'no'")),
+    ("url: a\nurl: b\ndone: yes\ndone: no\nerror: e\nerror: f", 3, OLD),   # repeated headers: first wins
+    ("- [13] extra\n~ [13]+1\n+ [13]\n~ ^ x\n- ^\n+ ^+1", 6, OLD),            # half-formed edits
+])
+def test_hostile_deltas_are_skipped_and_counted(delta, n_bad, axtree):
+    o, bad = wm.apply(st8(OLD), delta)
+    assert bad == n_bad
+    assert o["axtree"] == axtree
+
+
+def test_removes_and_changes_resolve_before_inserts_whatever_their_order():
+    # a bid that moves: its insert comes before its removal in the Δ
+    o, bad = wm.apply(st8(OLD), "+ [12] [19] textbox\n- [19]")
+    assert bad == 0 and o["axtree"].split("\n")[1] == "[19] textbox" and o["axtree"].count("[19]") == 1
+
+
+def test_huge_and_binary_text_never_raises():
+    huge = "\n".join(["+ ^ StaticText 'x'"] * 5000 + ["garbage \x00\x01 line"] * 5000 + ["- [13]"] * 100)
+    o, bad = wm.apply(st8(OLD), huge)
+    assert len(o["axtree"].split("\n")) == wm.MAX_LINES  # the tree stops growing at MAX_LINES
+    assert bad == (5000 - (wm.MAX_LINES - 5)) + 5000 + 99
+    o, bad = wm.apply(st8(OLD), "+ ^ " + "x" * 2_000_000)
+    assert bad == 0 and len(o["axtree"]) > 2_000_000
+    for junk in (None, 42, b"- [13]", "\n\n\n", "\r\n\r\n"):
+        o, bad = wm.apply(st8(OLD), junk)
+        assert o["axtree"] == OLD
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=30), LINE.map(lambda x: "+ [13] " + x), LINE.map(lambda x: "~ " + x),
+                          st.sampled_from(["- [12]", "- [17]+1", "- ^+1", "done: yes", "url: z", "+ ^ [13] b"])),
+                max_size=30))
+def test_any_text_applies_without_raising_and_keeps_bids_unique(lines):
+    o, bad = wm.apply(st8(OLD), "\n".join(lines))
+    assert bad >= 0
+    bids = [wm._line_bid(x) for x in o["axtree"].split("\n") if wm._line_bid(x)]
+    assert len(bids) == len(set(bids))
+
+
+# ----------------------------------------------------------------------------------------------
+# The model side, with the real tokenizer and a tiny real model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return policy.load_tokenizer()
+
+
+def forced_model(tok, text):
+    """A tiny model whose greedy reply is exactly `text` + <|im_end|> (a logits hook, one token a call)."""
+    m = policy.tiny_model(tok, seed=1)
+    target = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    calls = [0]
+
+    def hook(mod, inp, out):
+        out = out.clone()
+        out[:, -1, :] = -1e4
+        out[:, -1, target[calls[0] % len(target)]] = 1e4
+        calls[0] += 1
+        return out
+
+    m.lm_head.register_forward_hook(hook)
+    return m
+
+
+def test_wm_samples_target_is_delta_then_end_of_turn(tok):
+    ts = fixture_transitions()
+    samples = wm.wm_samples(ts, tok, max_tokens=4096)
+    assert len(samples) == len(ts)
+    for (prompt, target), t in zip(samples, ts):
+        assert target[-1] == tok.eos_token_id
+        assert tok.decode(target[:-1]) == t["delta"]  # decodes back exactly: Δ predictions stay checkable
+        assert prompt == compress.render(tok, wm.wm_messages(t["goal"], t["obs"], t["action"]))
+        assert tok.decode(prompt).endswith("Action: " + t["action"] + "<|im_end|>\n<|im_start|>assistant\n")
+    longest = max(len(p) + len(t) for p, t in samples)
+    assert len(wm.wm_samples(ts, tok, max_tokens=longest - 1)) < len(ts)  # too long: skipped, not cut
+    sys_tokens = len(tok.encode(wm.WM_SYSTEM_PROMPT, add_special_tokens=False))
+    assert sys_tokens < 50
+
+
+def test_prompt_budget_cuts_the_tree_from_its_end(tok):
+    t = max(fixture_transitions(), key=lambda t: len(t["obs"]["axtree"]))
+    full = wm.wm_prompt(tok, t["goal"], t["obs"], t["action"], max_tokens=4096)
+    cut = wm.wm_prompt(tok, t["goal"], t["obs"], t["action"], max_tokens=len(full) - 20)
+    assert len(cut) <= len(full) - 20
+    assert tok.decode(cut).endswith("Action: " + t["action"] + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_predict_and_evaluate_with_a_forced_model(tok):
+    ts = fixture_transitions()[:6]
+    m = forced_model(tok, "done: no")
+    assert wm.predict_delta(m, tok, [dict(t["obs"], goal=t["goal"]) for t in ts], [t["action"] for t in ts],
+                            max_new_tokens=8) == ["done: no"] * len(ts)
+    r = wm.evaluate_world_model(m, tok, ts, max_new_tokens=8)
+    same = sum(t["next_obs"]["axtree"] == t["obs"]["axtree"] and t["next_obs"]["url"] == t["obs"]["url"] for t in ts)
+    assert r["wm/exact_match"] == same / len(ts)
+    assert r["wm/line_precision"] == 1.0 and r["wm/line_recall"] == (1.0 if all(
+        not wm.delta_lines(t["delta"]) for t in ts) else 0.0)
+    assert r["wm/done_accuracy"] == sum(not t["success"] for t in ts) / len(ts)
+    assert r["wm/done_false_positive_rate"] == 0.0 and r["wm/n"] == len(ts) and r["wm/bad_lines"] == 0
+
+
+def test_a_reply_cut_by_the_length_limit_loses_its_unfinished_line(tok):
+    text = "~ [14] textbox value='Myron', focused\n~ [15] button 'Submit', focused"
+    m = forced_model(tok, text)
+    state = {"goal": "g", "url": "u", "axtree": "[14] textbox\n[15] button 'Submit'"}
+    n = len(tok.encode(text, add_special_tokens=False))
+    assert wm.predict_delta(m, tok, [state], ["click('15')"], max_new_tokens=n - 3) == [text.split("\n")[0]]
+
+
+def test_start_states_cover_later_stages():
+    ts = fixture_transitions()
+    states = wm.start_states(ts)
+    assert len(states) == len({(t["task"], t["goal"], t["obs"]["axtree"], t["obs"]["url"]) for t in ts})
+    assert any(t["step"] > 0 for t in ts)
+    only = wm.start_states(ts, "enter-text")
+    assert only and all(s["task"] == "enter-text" for s in only)
+
+
+def test_dream_env_steps_and_ends_at_dream_len(tok):
+    states = wm.start_states(fixture_transitions(), "enter-text")
+    env = wm.DreamEnv(policy.tiny_model(tok), tok, states, dream_len=3, max_new_tokens=6)
+    assert env.task == "enter-text"
+    obs = env.reset(seed=7)
+    assert obs == env.reset(seed=7)  # the seed picks the start state
+    assert isinstance(obs, Obs) and obs.goal and obs.axtree
+    for t in range(1, 4):
+        text = "no action here" if t == 1 else "<think>type</think> fill('14', 'Myron')"
+        obs, reward, done, info = env.step(text)
+        assert set(info) >= {"action", "error", "success", "env_error", "raw_reward", "truncated", "delta"}
+        assert reward == 0.0 and obs.step == t
+        if t == 1:  # a parse error costs a step and changes nothing, as in WebEnv
+            assert info["action"] is None and obs.error.startswith("ActionParseError") and info["delta"] == ""
+        else:
+            assert info["action"] == "fill('14', 'Myron')"
+        assert done == (t == 3)
+    assert info["truncated"] and not info["success"]
+    with pytest.raises(RuntimeError):
+        env.step("click('14')")
+    env.close()
+
+
+def test_dream_env_applies_the_predicted_delta_and_ends_on_done(tok):
+    state = {"task": "enter-text", "goal": "Enter \"Myron\" and press Submit.", "url": "miniwob/enter-text.html",
+             "axtree": "[14] textbox\n[15] button 'Submit'"}
+    env = wm.DreamEnv(forced_model(tok, "~ [14] textbox value='Myron', focused\ndone: no"), tok, [state], dream_len=5)
+    env.reset(0)
+    obs, reward, done, info = env.step("fill('14', 'Myron')")
+    assert obs.axtree == "[14] textbox value='Myron', focused\n[15] button 'Submit'" and not done and reward == 0.0
+    env = wm.DreamEnv(forced_model(tok, "~ [15] button 'Submit', focused\ndone: yes"), tok, [state], dream_len=5)
+    env.reset(0)
+    obs, reward, done, info = env.step("click('15')")
+    assert (reward, done, info["success"], info["truncated"], info["raw_reward"]) == (1.0, True, True, False, 1.0)
+    env = wm.DreamEnv(forced_model(tok, "done: fail"), tok, [state], dream_len=5)
+    env.reset(0)
+    obs, reward, done, info = env.step("click('14')")
+    assert (reward, done, info["success"], info["truncated"]) == (0.0, True, False, False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Real pages
+
+
+def test_random_actions_are_valid_actions():
+    import random
+
+    rng = random.Random(0)
+    for t in fixture_transitions():
+        for _ in range(5):
+            a = wm.random_action(t["obs"], rng)
+            assert parse_action(a) == a
+
+
+@pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
+def test_collect_one_real_transition(tmp_path):
+    path = str(tmp_path / "t.jsonl")
+    counts = wm.collect_transitions(["click-button"], [0], path, random_frac=0.0, max_steps=1)
+    assert counts["transitions"] == 1
+    (t,) = wm.load_transitions(path)
+    assert t["source"] == "expert" and t["success"] and wm.predicted_done(t["delta"])
+    o, bad = wm.apply(t["obs"], t["delta"])
+    assert bad == 0 and o["axtree"] == t["next_obs"]["axtree"]
+
+
+def record_fixture(path=DATA):
+    """Rewrite tests/data/transitions.jsonl from real pages (about 15 s)."""
+    if os.path.exists(path):
+        os.remove(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    print(wm.collect_transitions(["click-tab-2", "enter-text"], [0, 1], path, random_frac=0.3, max_steps=5))
+    print(wm.collect_transitions(["click-checkboxes"], [0], path, random_frac=0.3, max_steps=5))
+    print(wm.collect_transitions(["click-button"], [0, 1, 2], path, random_frac=1.0, max_steps=3))
+
+
+if __name__ == "__main__":
+    record_fixture()

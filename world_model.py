@@ -1,0 +1,630 @@
+"""The Δ-based web world model (DynaWeb, arXiv 2601.22149): o_{t+1} = apply(o_t, Δ), Δ ~ p(Δ | goal, o_t, a_t).
+
+    python world_model.py --collect runs/transitions.jsonl --seeds 20                 # real transitions, train seeds
+    python world_model.py --collect runs/wm_eval.jsonl --seeds 10 --eval-seeds       # held-out pages
+    python world_model.py --eval runs/wm/final --data runs/wm_eval.jsonl             # exact match, line F1, done acc.
+
+DynaWeb trains an LLM to predict the change between two pages instead of the whole next page.
+Here the change Δ is a precise, line-oriented edit of the flattened accessibility tree
+(env.flatten_axtree: one node a line, `[13] button 'Submit'`), computed from real transitions by
+`diff`, so every label is exact and every prediction can be checked exactly by `apply`.
+
+Δ format (one operation a line; header, then edits in page order, then the done line):
+
+    url: miniwob/other.html            the new URL (only when it changed)
+    error: ValueError: Could not ...   the action's error shown to the agent (only when there is one)
+    - REF                              remove the line REF
+    ~ LINE                             LINE replaces the line with LINE's bid: `~ [21] checkbox 'Gh', checked`
+    ~ REF LINE                         LINE replaces the line REF (a line without a bid: `~ [24]+1 StaticText 'x'`)
+    + REF LINE                         insert LINE after the line REF (`^`: at the top); several inserts after
+                                       the same REF keep their order
+    done: yes|no|fail                  yes: the task is now complete (success); fail: the episode ended
+                                       without success (MiniWoB ends on a wrong click); no: it goes on
+
+REF names a line of the *old* tree: `[21]` is the line whose bid is 21 (bids that occur once); any
+other line is `A+k`, the k-th line after the nearest bid line A above it (`^+k`: the k-th line from
+the top, before any bid line). LINE is copied verbatim after one space, indentation included.
+An unchanged page is the one-line Δ `done: no`. Example (click('21') checks a box and shows text):
+
+    ~ [21] checkbox 'Gh', focused, checked
+    + [24] StaticText 'Done!'
+    done: no
+
+The paper predicts a free-text description of the change; we deviate on purpose: an exact format
+makes the training labels noise-free and lets evaluation count exact next-page matches.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import random
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, is_dataclass
+
+import compress
+import policy
+from env import ActionParseError, Obs, parse_action
+
+logger = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------------------------
+# States and the Δ format
+
+DONE_VALUES = ("yes", "no", "fail")
+MAX_LINES = 1000  # apply() never builds a tree longer than this (flatten_axtree writes at most ~201)
+
+_BID = r"[A-Za-z]*[0-9]+"  # env._BID_RE: "13", "a12" (iframes)
+_BID_LINE = re.compile(rf" *\[({_BID})\](?: |$)")
+_REF = rf"(?:\^|\[{_BID}\])(?:\+[0-9]+)?"
+_OP_REMOVE = re.compile(rf"- ({_REF}) *$")
+_OP_ADD = re.compile(rf"\+ ({_REF}) (.*)$", re.S)
+_OP_CHANGE_AT = re.compile(rf"~ ((?:\^|\[{_BID}\])\+[0-9]+) (.*)$", re.S)  # ~ REF LINE (a line without bid)
+_OP_CHANGE = re.compile(r"~ (.*)$", re.S)  # ~ LINE (LINE holds the bid)
+_OP_HEADER = re.compile(r"(url|error):(?: (.*))?$", re.S)
+_OP_DONE = re.compile(r"done: *(yes|no|fail) *$")
+
+
+def as_state(o) -> dict:
+    """{goal, url, axtree, error} from an env.Obs, a dict (a recorded JSON observation) or a state."""
+    if is_dataclass(o):
+        o = asdict(o)
+    return {"goal": o.get("goal", "") or "", "url": o.get("url", "") or "", "axtree": o.get("axtree", "") or "",
+            "error": o.get("error", "") or ""}
+
+
+def _lines(axtree: str) -> list[str]:
+    # split("\n"), not splitlines(): names may hold \r or \u2028 and the round trip must be exact
+    return axtree.split("\n") if axtree else []
+
+
+def _line_bid(line: str) -> str | None:
+    m = _BID_LINE.match(line)
+    return m.group(1) if m else None
+
+
+def line_refs(lines: list[str]) -> list[str]:
+    """The REF of every line: `[bid]` for a bid that occurs once, else `A+k` (see the module doc)."""
+    bids = [_line_bid(x) for x in lines]
+    counts = Counter(b for b in bids if b is not None)
+    refs, anchor, k = [], "^", 0
+    for b in bids:
+        if b is not None and counts[b] == 1:
+            anchor, k = f"[{b}]", 0
+            refs.append(anchor)
+        else:
+            k += 1
+            refs.append(f"{anchor}+{k}")
+    return refs
+
+
+def _one_line(s: str) -> str:
+    return s.replace("\n", " ")  # a header is one line; real URLs and errors (first line only) have no newline
+
+
+def done_status(success: bool, terminated: bool) -> str:
+    """The `done:` value of a real transition: yes on success, fail if the task ended otherwise."""
+    return "yes" if success else ("fail" if terminated else "no")
+
+
+def diff(o_t, o_next, done: bool | str = False) -> str:
+    """The Δ that turns o_t into o_next (states: env.Obs or dicts with url, axtree, error).
+
+    done: the `done:` line, True/"yes" (task complete), False/"no", or "fail" (ended unsuccessfully).
+    apply(o_t, diff(o_t, o_next)) gives o_next's axtree, url and error exactly whenever o_next's tree
+    repeats no bid (flatten_axtree never does: one line per node) and url/error hold no newline.
+    Lines are aligned by bid (difflib on bid keys; text for lines without a bid); a bid line whose
+    text changed is `~`, lines without a bid in a replaced stretch are paired in order as `~`.
+    """
+    status = ("yes" if done else "no") if isinstance(done, bool) else done
+    if status not in DONE_VALUES:
+        raise ValueError(f"done must be a bool or one of {DONE_VALUES}, got {done!r}")
+    a, b = as_state(o_t), as_state(o_next)
+    old, new = _lines(a["axtree"]), _lines(b["axtree"])
+    refs = line_refs(old)
+    anchors = {r[1:-1] for r in refs if r[0] == "[" and "+" not in r}  # bids that are their own REF
+    okeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in old]
+    nkeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in new]
+    ops: list[tuple[int, int, int, str]] = []  # (old position, 0 edit / 1 insert, sequence, text)
+
+    def change(i: int, line: str) -> None:
+        if old[i] != line:
+            ops.append((i, 0, len(ops), f"~ {line}" if okeys[i][0] == "b" else f"~ {refs[i]} {line}"))
+
+    def add(anchor: int, line: str) -> None:
+        ops.append((anchor, 1, len(ops), f"+ {'^' if anchor < 0 else refs[anchor]} {line}"))
+
+    anchor = -1  # the last old line that survives (kept or changed): inserts go after it
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, okeys, nkeys, autojunk=False).get_opcodes():
+        if tag == "equal":
+            for i, j in zip(range(i1, i2), range(j1, j2)):
+                change(i, new[j])
+                anchor = i
+        elif tag == "delete":
+            ops.extend((i, 0, len(ops) + k, f"- {refs[i]}") for k, i in enumerate(range(i1, i2)))
+        elif tag == "insert":
+            for j in range(j1, j2):
+                add(anchor, new[j])
+        else:  # replace: pair lines without a bid in order (one `~` instead of `-` and `+`)
+            o_nb = [i for i in range(i1, i2) if _line_bid(old[i]) is None]
+            n_nb = [j for j in range(j1, j2) if _line_bid(new[j]) is None]
+            pair = dict(zip(n_nb, o_nb))
+            paired = set(pair.values())
+            ops.extend((i, 0, len(ops) + k, f"- {refs[i]}") for k, i in enumerate(range(i1, i2)) if i not in paired)
+            for j in range(j1, j2):
+                if j in pair:
+                    change(pair[j], new[j])
+                    anchor = pair[j]
+                else:
+                    add(anchor, new[j])
+    out = []
+    if b["url"] != a["url"]:
+        out.append(f"url: {_one_line(b['url'])}")
+    if b["error"]:
+        out.append(f"error: {_one_line(b['error'])}")
+    out += [text for *_, text in sorted(ops)]
+    out.append(f"done: {status}")
+    return "\n".join(out)
+
+
+def parse_delta(delta: str) -> tuple[dict, list[tuple], int]:
+    """Parse Δ text into (header {url?, error?, done?}, edits, n_bad). Never raises.
+
+    edits: ("-", ref) | ("~", ref or None, line) | ("+", ref, line), in Δ order. A line that matches
+    no operation, or a second url/error/done line, counts as bad. Blank lines are ignored.
+    """
+    header: dict = {}
+    edits: list[tuple] = []
+    n_bad = 0
+    if not isinstance(delta, str):
+        return header, edits, 1
+    for line in delta.split("\n"):
+        if not line.strip():
+            continue
+        if m := _OP_DONE.match(line):
+            key, val = "done", m.group(1)
+        elif m := _OP_HEADER.match(line):
+            key, val = m.group(1), m.group(2) or ""
+        elif m := _OP_REMOVE.match(line):
+            edits.append(("-", m.group(1)))
+            continue
+        elif m := _OP_ADD.match(line):
+            edits.append(("+", m.group(1), m.group(2)))
+            continue
+        elif m := _OP_CHANGE_AT.match(line):
+            edits.append(("~", m.group(1), m.group(2)))
+            continue
+        elif (m := _OP_CHANGE.match(line)) and _line_bid(m.group(1)) is not None:
+            edits.append(("~", None, m.group(1)))
+            continue
+        else:
+            n_bad += 1
+            continue
+        if key in header:  # contradictory or repeated header: the first one wins
+            n_bad += 1
+        else:
+            header[key] = val
+    return header, edits, n_bad
+
+
+def predicted_status(delta: str) -> str:
+    """The Δ's `done:` value (yes, no or fail); "no" when it has none."""
+    return parse_delta(delta)[0].get("done", "no")
+
+
+def predicted_done(delta: str) -> bool:
+    """True iff the Δ says the task is now complete (`done: yes`)."""
+    return predicted_status(delta) == "yes"
+
+
+def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
+    """Apply Δ to o_t. Returns (o_next as a state dict {goal, url, axtree, error}, n_bad_lines).
+
+    Tolerant of model output: a line that does not parse, names a REF that o_t lacks, edits a line
+    already removed or changed, changes a line's bid, adds a bid that is already on the page (or was
+    already added), repeats a header, or would grow the tree past `max_lines` is skipped and counted.
+    Never raises. Removes and changes are resolved before inserts, so their order in Δ is free.
+    """
+    s = as_state(o_t)
+    old = _lines(s["axtree"])
+    refs = line_refs(old)
+    index = {r: i for i, r in enumerate(refs)}
+    header, edits, n_bad = parse_delta(delta)
+    removed: set[int] = set()
+    changed: dict[int, str] = {}
+    adds: list[tuple[int, str]] = []
+    for e in edits:
+        if e[0] == "+":
+            a = -1 if e[1] == "^" else index.get(e[1])
+            if a is None:
+                n_bad += 1
+            else:
+                adds.append((a, e[2]))
+            continue
+        if e[0] == "-":
+            i = index.get(e[1])
+        else:  # "~": REF given, or the bid of the new line
+            bid = _line_bid(e[2])
+            i = index.get(e[1] if e[1] is not None else f"[{bid}]")
+            if i is not None and _line_bid(old[i]) != bid:  # a change keeps the bid (else: - then +)
+                i = None
+        if i is None or i in removed or i in changed:
+            n_bad += 1
+        elif e[0] == "-":
+            removed.add(i)
+        else:
+            changed[i] = e[2]
+    present = Counter(_line_bid(x) for i, x in enumerate(old) if i not in removed)
+    n_lines = len(old) - len(removed)
+    after: dict[int, list[str]] = defaultdict(list)
+    for a, line in adds:
+        bid = _line_bid(line)
+        if (bid is not None and present[bid]) or n_lines >= max_lines:
+            n_bad += 1
+            continue
+        present[bid] += 1
+        n_lines += 1
+        after[a].append(line)
+    out = list(after[-1])
+    for i, line in enumerate(old):
+        if i not in removed:
+            out.append(changed.get(i, line))
+        out.extend(after.get(i, ()))
+    return {"goal": s["goal"], "url": header.get("url", s["url"]), "axtree": "\n".join(out),
+            "error": header.get("error", "")}, n_bad
+
+
+def delta_lines(delta: str) -> list[str]:
+    """The Δ's non-empty lines other than `done:` (what line precision/recall compare)."""
+    return [x for x in (delta or "").split("\n") if x.strip() and not _OP_DONE.match(x)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Real transitions
+
+_NODE = re.compile(rf" *\[({_BID})\] (\S+)(?: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?")
+_WORDS = ["hello", "Submit", "OK", "yes", "no", "blue", "42", "Alice", "password", "test", "ornare", "Cancel"]
+_TEXT_ROLES = {"textbox", "searchbox", "combobox", "spinbutton"}
+
+
+def random_action(obs, rng: random.Random) -> str:
+    """A random but well-formed action for the page: mostly clicks on a random bid, sometimes fill,
+    select_option, press, check, hover, scroll, noop, or a click on a bid the page lacks (an error).
+    The world model must also learn failures and no-ops, not only the expert's path."""
+    import ast
+
+    nodes = []
+    for line in _lines(as_state(obs)["axtree"]):
+        if m := _NODE.match(line):
+            try:
+                name = ast.literal_eval(m.group(3)) if m.group(3) else ""
+            except (ValueError, SyntaxError):
+                name = ""
+            nodes.append((m.group(1), m.group(2), name))
+    names = [n for _, _, n in nodes if n] or _WORDS
+    texts = [b for b, r, _ in nodes if r in _TEXT_ROLES]
+    selects = [b for b, r, _ in nodes if r in ("combobox", "listbox")]
+    options = [n for _, r, n in nodes if r == "option" and n]
+    boxes = [b for b, r, _ in nodes if r in ("checkbox", "radio", "switch")]
+    r = rng.random()
+    if not nodes or r < 0.04:
+        return rng.choice(["noop()", "scroll(0, 200)", "scroll(0, -200)"])
+    if r < 0.08:
+        return f"click('{max(int(re.sub('[^0-9]', '', b) or 0) for b, _, _ in nodes) + rng.randint(1, 50)}')"
+    if r < 0.28 and texts:
+        return f"fill({rng.choice(texts)!r}, {rng.choice(_WORDS + names)!r})"
+    if r < 0.34 and selects and options:
+        return f"select_option({rng.choice(selects)!r}, {rng.choice(options)!r})"
+    if r < 0.38:
+        return f"press({rng.choice(nodes)[0]!r}, {rng.choice(['Enter', 'Tab', 'a'])!r})"
+    if r < 0.44 and boxes:
+        return f"{rng.choice(['check', 'uncheck'])}({rng.choice(boxes)!r})"
+    if r < 0.48:
+        return f"{rng.choice(['hover', 'focus', 'dblclick'])}({rng.choice(nodes)[0]!r})"
+    return f"click({rng.choice(nodes)[0]!r})"
+
+
+def _obs_record(o: Obs) -> dict:
+    return {"url": o.url, "axtree": o.axtree, "error": o.error}
+
+
+def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy_fn=None, random_frac: float = 0.3,
+                        max_steps: int = 6, progress: bool = False, rng_seed: int = 0) -> dict:
+    """Run real env.WebEnv episodes and append one JSON line per transition to `path`.
+
+    Each step takes a random valid action (`random_action`) with probability `random_frac`, else
+    `policy_fn(task, obs) -> text` if given, else the scripted expert (experts.expert_action; a
+    random action where the expert cannot read the page). Which seeds (train or held-out) is the
+    caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
+    Record: {task, seed, step, goal, obs: {url, axtree, error}, action, source (expert|policy|random),
+    next_obs, delta, reward, done, success, truncated}. Returns counts {transitions, episodes,
+    success, env_error, random}.
+    """
+    from tqdm import tqdm
+
+    from env import WebEnv
+
+    expert_action = None
+    if policy_fn is None:
+        import experts  # lazily: experts.py imports the browser stack and is optional here
+
+        expert_action = experts.expert_action
+    counts = Counter()
+    bar = tqdm(total=len(tasks) * len(seeds), disable=not progress, desc="transitions")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        for task in tasks:
+            env = WebEnv(task, max_steps=max_steps)
+            try:
+                for seed in seeds:
+                    rng = random.Random(f"{rng_seed}-{task}-{seed}")
+                    obs = env.reset(seed)
+                    counts["episodes"] += 1
+                    done = bool(env._broken)
+                    counts["env_error"] += int(done)
+                    while not done:
+                        source = "random"
+                        text = None
+                        if rng.random() >= random_frac:
+                            try:
+                                text = policy_fn(task, obs) if policy_fn else expert_action(task, obs, rng)
+                                source = "policy" if policy_fn else "expert"
+                            except Exception as e:  # an expert that cannot read the page: act randomly
+                                logger.debug("expert failed on %s seed %s: %s", task, seed, e)
+                        if text is None:
+                            text = random_action(obs, rng)
+                        nxt, reward, done, info = env.step(text)
+                        if info["env_error"]:
+                            counts["env_error"] += 1
+                            break
+                        terminated = done and not info["truncated"]
+                        rec = {"task": task, "seed": seed, "step": env.t - 1, "goal": obs.goal,
+                               "obs": _obs_record(obs), "action": info["action"] or text, "source": source,
+                               "next_obs": _obs_record(nxt),
+                               "delta": diff(obs, nxt, done_status(info["success"], terminated)),
+                               "reward": reward, "done": done, "success": info["success"],
+                               "truncated": info["truncated"]}
+                        f.write(json.dumps(rec) + "\n")
+                        counts["transitions"] += 1
+                        counts["random"] += int(source == "random")
+                        counts["success"] += int(info["success"])
+                        obs = nxt
+                    bar.update(1)
+            finally:
+                env.close()
+    bar.close()
+    return dict(counts)
+
+
+def load_transitions(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
+    """Distinct pre-action states {task, goal, url, axtree} of real transitions (every stage of an
+    episode, not only its first page), in first-seen order; only `task`'s when given."""
+    seen, out = set(), []
+    for t in transitions:
+        if task is not None and t["task"] != task:
+            continue
+        key = (t["task"], t["goal"], t["obs"]["url"], t["obs"]["axtree"])
+        if key not in seen:
+            seen.add(key)
+            out.append({"task": t["task"], "goal": t["goal"], "url": t["obs"]["url"], "axtree": t["obs"]["axtree"]})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The model: p(Δ | goal, o_t, a_t)
+
+# Short on purpose: it is in every world-model sequence.
+WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with edits: `- REF` remove, "
+                    "`~ LINE` change, `+ REF LINE` add after REF, then `done: yes|no|fail`.")
+
+
+def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = None) -> list[dict]:
+    """Chat messages asking for Δ: system prompt, then goal, URL, tree and the action.
+    max_tree_lines: show only the first lines of the tree (for a prompt token budget)."""
+    s = as_state(obs)
+    lines = _lines(s["axtree"])
+    tree = "\n".join(lines[:max_tree_lines]) if max_tree_lines is not None else s["axtree"]
+    user = f"Goal: {goal}\nURL: {s['url']}\n{tree}\nAction: {action}"
+    return [{"role": "system", "content": WM_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def wm_prompt(tokenizer, goal: str, obs, action: str, max_tokens: int = 1024) -> list[int]:
+    """Prompt ids for Δ, at most `max_tokens` long: the tree is cut from its end when needed (the
+    lines kept keep their REFs). Raises ValueError if even an empty tree does not fit."""
+    ids = compress.render(tokenizer, wm_messages(goal, obs, action))
+    n = len(_lines(as_state(obs)["axtree"]))
+    while len(ids) > max_tokens:
+        if n == 0:
+            raise ValueError(f"max_tokens={max_tokens} cannot hold the world-model prompt without a tree")
+        n = max(0, min(n - 1, n * max_tokens // len(ids)))
+        ids = compress.render(tokenizer, wm_messages(goal, obs, action, max_tree_lines=n))
+    return ids
+
+
+def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) per transition for train.py --mode wm, where the loss is
+    -log p(Δ | goal, o_t, a_t) summed over the target tokens only (DynaWeb Sec. 3, Eq. 2).
+
+    target = Δ's tokens + the end-of-turn id (tokenizer.eos_token_id, as in bc_samples). A
+    transition whose prompt + target exceeds `max_tokens` is skipped (cutting the tree would make
+    the label refer to lines the prompt no longer shows); the number skipped is logged.
+    """
+    eos = tokenizer.eos_token_id
+    out, skipped = [], 0
+    for t in transitions:
+        prompt = compress.render(tokenizer, wm_messages(t["goal"], t["obs"], t["action"]))
+        target = tokenizer.encode(t["delta"], add_special_tokens=False) + [eos]
+        if len(prompt) + len(target) > max_tokens:
+            skipped += 1
+            continue
+        out.append((prompt, target))
+    if skipped:
+        logger.warning("wm_samples: skipped %d of %d transitions longer than %d tokens", skipped, len(transitions),
+                       max_tokens)
+    return out
+
+
+def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_tokens: int = 256, *,
+                  goals: list[str] | None = None, max_prompt_tokens: int = 1024, batch_size: int = 8,
+                  bf16: bool = False) -> list[str]:
+    """Greedy Δ for each (state, action), batched through policy.generate.
+
+    states: env.Obs or dicts with goal (unless `goals` is given), url and axtree. Returns the Δ
+    texts. A reply cut by max_new_tokens loses its unfinished last line (a half line such as
+    `~ [14] textbox value='My` would still apply, wrongly); with no `done:` line it reads as `done: no`.
+    Opening a tab on click-tab-2 takes 180-260 Δ tokens: keep max_new_tokens at 256 or more.
+    """
+    if not states:
+        return []
+    goals = goals if goals is not None else [as_state(s)["goal"] for s in states]
+    prompts = [wm_prompt(tokenizer, g, s, a, max_prompt_tokens) for g, s, a in zip(goals, states, actions)]
+    samples = policy.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=0.0,
+                              batch_size=batch_size, bf16=bf16)
+    return [s.text.rsplit("\n", 1)[0] if s.truncated and "\n" in s.text else ("" if s.truncated else s.text)
+            for s in samples]
+
+
+def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_tokens: int = 256,
+                         batch_size: int = 8, max_prompt_tokens: int = 1024) -> dict:
+    """Score greedy Δ predictions against real transitions.
+
+    Returns {wm/exact_match: share whose apply(o_t, Δ̂) equals o_{t+1} (url and tree),
+    wm/line_precision, wm/line_recall, wm/line_f1: over Δ lines other than `done:`, pooled over all
+    transitions (multiset match), wm/done_accuracy: predicted_done == success,
+    wm/done_false_positive_rate: predicted done among transitions that did not succeed,
+    wm/bad_lines: mean skipped lines per Δ̂, wm/n}.
+    """
+    n = len(transitions)
+    if n == 0:
+        return {"wm/n": 0}
+    preds = predict_delta(model, tokenizer, [dict(t["obs"], goal=t["goal"]) for t in transitions],
+                          [t["action"] for t in transitions], max_new_tokens, batch_size=batch_size,
+                          max_prompt_tokens=max_prompt_tokens)
+    exact = tp = n_pred = n_true = bad = done_ok = fp = negatives = 0
+    for t, d in zip(transitions, preds):
+        o, nb = apply(t["obs"], d)
+        exact += int(o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"])
+        bad += nb
+        p, q = Counter(delta_lines(d)), Counter(delta_lines(t["delta"]))
+        tp += sum((p & q).values())
+        n_pred += sum(p.values())
+        n_true += sum(q.values())
+        pd = predicted_done(d)
+        done_ok += int(pd == bool(t["success"]))
+        if not t["success"]:
+            negatives += 1
+            fp += int(pd)
+    # an empty prediction of an empty change is perfect, hence the 1.0 for empty denominators
+    prec = tp / n_pred if n_pred else 1.0
+    rec = tp / n_true if n_true else 1.0
+    return {"wm/exact_match": exact / n, "wm/line_precision": prec, "wm/line_recall": rec,
+            "wm/line_f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0,
+            "wm/done_accuracy": done_ok / n, "wm/done_false_positive_rate": fp / negatives if negatives else 0.0,
+            "wm/bad_lines": bad / n, "wm/n": n}
+
+
+# ----------------------------------------------------------------------------------------------
+# Dreams
+
+
+class DreamEnv:
+    """An environment with WebEnv's interface whose pages come from the world model (DynaWeb's
+    imagined rollouts).
+
+    reset(seed) starts from a real state (`start_states`, any stage of a real episode), chosen
+    deterministically from the seed; step(text) parses the action like WebEnv (a parse error costs a
+    step, changes nothing and is shown as Obs.error), predicts Δ greedily and applies it. The episode
+    ends when Δ says `done: yes` (reward 1) or `done: fail` (reward 0), or after `dream_len` steps
+    (truncated). info: WebEnv's keys (action, error, success, env_error, raw_reward, truncated) plus
+    delta and bad_lines.
+
+    rollout.py steps its environments one at a time after one batched policy generate, so each
+    step here is its own generate call (batch 1). TODO: batch the Δ of every waiting DreamEnv in one
+    predict_delta call (a step_many over envs) when dreams become the bottleneck.
+    """
+
+    def __init__(self, model, tokenizer, start_states: list[dict], dream_len: int = 5, *, task: str | None = None,
+                 max_new_tokens: int = 256, max_prompt_tokens: int = 1024, bf16: bool = False):
+        states = [s for s in start_states if task is None or s.get("task") == task]
+        if not states:
+            raise ValueError(f"DreamEnv needs at least one start state{f' of task {task!r}' if task else ''}")
+        if dream_len < 1:
+            raise ValueError(f"dream_len must be >= 1, got {dream_len}")
+        tasks = {s.get("task") for s in states}
+        self.task = task or (tasks.pop() if len(tasks) == 1 else None)
+        self.model, self.tokenizer, self.states, self.dream_len = model, tokenizer, states, dream_len
+        self.max_new_tokens, self.max_prompt_tokens, self.bf16 = max_new_tokens, max_prompt_tokens, bf16
+        self.state: dict | None = None
+        self.seed: int | None = None
+        self.goal = ""
+        self.t = 0
+        self.done = True
+
+    def reset(self, seed: int) -> Obs:
+        self.seed, self.t, self.done = seed, 0, False
+        s = self.states[random.Random(seed).randrange(len(self.states))]
+        self.state = as_state(s)
+        self.goal = self.state["goal"]
+        if s.get("task"):
+            self.task = s["task"]
+        return Obs(self.goal, self.state["url"], self.state["axtree"], "", 0)
+
+    def step(self, text: str) -> tuple[Obs, float, bool, dict]:
+        if self.done:
+            raise RuntimeError("step() called on a finished episode; call reset(seed) first")
+        self.t += 1
+        info = {"action": None, "error": "", "success": False, "env_error": False, "raw_reward": 0.0,
+                "truncated": False, "delta": "", "bad_lines": 0}
+        try:
+            action = parse_action(text)
+        except ActionParseError as e:
+            action, info["error"] = None, f"ActionParseError: {e}"
+        status = "no"
+        if action is not None:
+            info["action"] = action
+            delta = predict_delta(self.model, self.tokenizer, [self.state], [action], self.max_new_tokens,
+                                  max_prompt_tokens=self.max_prompt_tokens, batch_size=1, bf16=self.bf16)[0]
+            self.state, info["bad_lines"] = apply(self.state, delta)
+            info["delta"], info["error"] = delta, self.state["error"]
+            status = predicted_status(delta)
+        success = status == "yes"
+        truncated = status == "no" and self.t >= self.dream_len
+        self.done = status != "no" or truncated
+        info.update(success=success, truncated=truncated, raw_reward={"yes": 1.0, "fail": -1.0}.get(status, 0.0))
+        obs = Obs(self.goal, self.state["url"], self.state["axtree"], info["error"], self.t)
+        return obs, (1.0 if success else 0.0), self.done, info
+
+    def close(self) -> None:
+        self.done = True
+
+
+if __name__ == "__main__":
+    import argparse
+
+    import env as webenv
+
+    ap = argparse.ArgumentParser(description="Collect real transitions for the world model, or evaluate one.")
+    ap.add_argument("--collect", default=None, help="append transitions (JSONL) to this file")
+    ap.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
+    ap.add_argument("--seeds", type=int, default=20, help="episodes per task")
+    ap.add_argument("--eval-seeds", action="store_true", help="use held-out EVAL seeds instead of train seeds")
+    ap.add_argument("--random-frac", type=float, default=0.3, help="share of random actions among the expert's")
+    ap.add_argument("--max-steps", type=int, default=6, help="step limit per episode")
+    ap.add_argument("--eval", default=None, help="checkpoint folder of a world model to evaluate on --data")
+    ap.add_argument("--data", default="runs/wm_eval.jsonl", help="transitions to evaluate on")
+    a = ap.parse_args()
+    tasks = [t for t in a.tasks.split(",") if t]
+    if a.collect:
+        seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds)
+        print(collect_transitions(tasks, seeds, a.collect, random_frac=a.random_frac, max_steps=a.max_steps,
+                                  progress=True))
+    if a.eval:
+        m, tok = policy.load_model(a.eval)
+        print(json.dumps(evaluate_world_model(m, tok, load_transitions(a.data)), indent=1))
