@@ -1,0 +1,841 @@
+"""A MiniWoB++ task as a reinforcement-learning environment, over BrowserGym and headless Chromium.
+
+    from env import make_env, SUITE, eval_seeds
+    env = make_env("click-button")
+    obs = env.reset(seed=eval_seeds(1)[0])
+    print(obs.text)                       # goal, URL, accessibility tree, last error
+    obs, reward, done, info = env.step("<think>...</think> click('13')")
+    env.close()
+
+    python env.py --task click-link --seed 3        # print a page's observation, time resets/steps
+
+What this file adds to BrowserGym (browsergym-core 0.14.3):
+- one Chromium per WebEnv, kept across episodes; each reset only opens a new context and page
+  (BrowserGym relaunches the browser on every reset: most of an episode's time, and defunct
+  processes pile up);
+- no second browser for the chat window (an in-memory stand-in), no screenshot or DOM snapshot,
+  no slow_mo and no pre-observation sleep (0.21 s a step instead of 0.85 s);
+- a strict action grammar (`parse_action`): model text is parsed with `ast`, never executed;
+- every request is routed: only the MiniWoB html folder loads (file://), everything else aborts;
+- reward 1 only on full credit (MiniWoB pays partial credit for some wrong answers);
+- a browser fault ends the episode with info["env_error"] = True and never raises from step().
+"""
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import re
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+import playwright.sync_api
+
+import miniwob as _miniwob_pkg
+
+# BrowserGym's MiniWoB tasks read MINIWOB_URL when they are built: set it before anything else.
+MINIWOB_HTML_DIR = os.path.join(os.path.dirname(os.path.abspath(_miniwob_pkg.__file__)), "html")
+os.environ.setdefault("MINIWOB_URL", "file://" + os.path.join(MINIWOB_HTML_DIR, "miniwob") + "/")
+
+from browsergym.core.action.highlevel import HighLevelActionSet  # noqa: E402
+from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE  # noqa: E402
+from browsergym.core.env import BrowserEnv  # noqa: E402
+from browsergym.core.observation import (  # noqa: E402
+    MarkingError,
+    _post_extract,
+    _pre_extract,
+    extract_merged_axtree,
+)
+from browsergym.miniwob import ALL_MINIWOB_TASKS  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------------------------
+# Tasks and seeds
+
+TASKS = {cls.subdomain: cls for cls in ALL_MINIWOB_TASKS}  # every MiniWoB task BrowserGym knows
+
+# Default suite: 1-4 step tasks whose goal text fully determines the answer, of varied kinds.
+# Every one is solved 100% of the time by experts.py from the text observation.
+SUITE: list[str] = [
+    "click-button",          # buttons
+    "click-button-sequence", # two buttons in order
+    "click-link",            # links (<span>s: generic nodes must be kept)
+    "click-dialog",          # close a dialog
+    "click-dialog-2",        # pick a dialog button
+    "click-tab",             # tabs
+    "click-tab-2",           # tabs, then a link inside the tab
+    "enter-text",            # text entry
+    "enter-password",        # two password fields
+    "login-user",            # login form
+    "focus-text",            # focus a field
+    "click-checkboxes",      # checkboxes
+    "choose-list",           # <select> dropdown
+    "click-option",          # radio buttons
+    "click-collapsible",     # expand a section, then click
+]
+# Left out: use-autocomplete (its menu opens on key events after a delay: fill() does not show
+# it, so the answer is not in the text observation).
+
+# Disjoint seed ranges: training never sees an evaluation page.
+TRAIN_SEEDS = range(0, 10_000)
+EVAL_SEEDS = range(10_000, 11_000)
+
+
+def train_seeds(n: int, offset: int = 0) -> list[int]:
+    """The n training seeds starting at `offset` (wraps around the range). Errors: ValueError if n < 0."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return [TRAIN_SEEDS[(offset + i) % len(TRAIN_SEEDS)] for i in range(n)]
+
+
+def eval_seeds(n: int) -> list[int]:
+    """The first n evaluation seeds (always the same ones). Errors: ValueError if n > 1000 or n < 0."""
+    if not 0 <= n <= len(EVAL_SEEDS):
+        raise ValueError(f"n must be in [0, {len(EVAL_SEEDS)}], got {n}")
+    return list(EVAL_SEEDS[:n])
+
+
+def is_success(raw_reward: float) -> bool:
+    """Full credit only. MiniWoB's WOB_RAW_REWARD_GLOBAL is 1 on success, -1 on failure, and some
+    tasks pay partial credit in between for wrong answers: that is not success."""
+    return raw_reward is not None and float(raw_reward) >= 1.0 - 1e-6
+
+
+# ----------------------------------------------------------------------------------------------
+# Observation
+
+
+@dataclass
+class Obs:
+    """What the agent sees at one step. `text` is the string that goes into the prompt."""
+
+    goal: str
+    url: str
+    axtree: str  # flattened accessibility tree, one node a line: "[13] button 'Submit'"
+    error: str = ""  # the last action's error (parse errors included), "" if none
+    step: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.render()
+
+    def render(self) -> str:
+        """Goal, URL, tree, then the last action's error if any."""
+        s = f"Goal: {self.goal}\nURL: {self.url}\n{self.axtree}"
+        if self.error:
+            s += f"\nLast action error: {self.error}"
+        return s
+
+
+def short_url(url: str) -> str:
+    """Drop the machine-specific path of MiniWoB pages: 'file:///.../miniwob/click-button.html' ->
+    'miniwob/click-button.html' (fewer tokens, same on every machine)."""
+    prefix = "file://" + MINIWOB_HTML_DIR + "/"
+    return url[len(prefix):] if url.startswith(prefix) else url
+
+
+_DROP_ROLES = {"InlineTextBox", "LineBreak"}
+# Roles an agent acts on: shown even without a name (an empty textbox is still a target).
+_INTERACTIVE = {"button", "textbox", "searchbox", "checkbox", "radio", "combobox", "listbox", "option",
+                "link", "tab", "menuitem", "menuitemcheckbox", "menuitemradio", "switch", "slider",
+                "spinbutton", "treeitem", "gridcell", "cell", "columnheader", "rowheader", "row",
+                "dialog", "alertdialog", "tablist", "tabpanel", "menu", "menubar", "tree", "grid",
+                "table", "img", "image", "heading", "ListMarker"}
+_FLAG_PROPS = ("focused", "required", "disabled", "checked", "selected", "expanded", "pressed")
+
+
+def _name(node: dict) -> str:
+    return " ".join(str((node.get("name") or {}).get("value", "") or "").split())
+
+
+def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
+    """The accessibility tree as text, one node a line, one space of indent per level.
+
+    Kept: nodes an agent acts on (buttons, fields, options, ...) with their bid; text. A node
+    with no name whose only content is one text (click-link's <span> links, list items, labels)
+    is printed as one line with that text as its name: `[13] generic 'ornare'`. Dropped:
+    InlineTextBox and LineBreak (Chromium 156 adds InlineTextBox nodes), the document's own line,
+    unnamed containers (their children move up a level), text that repeats its parent's or a
+    sibling's name, and every property but a few flags (focused, checked, selected, ...).
+    The first `max_lines` lines are kept.
+    """
+    nodes = axtree.get("nodes", [])
+    if not nodes:
+        return ""
+    by_id = {n["nodeId"]: n for n in nodes}
+    lines: list[str] = []
+
+    def children(node: dict) -> list[dict]:
+        out = []
+        for cid in node.get("childIds", []):
+            child = by_id.get(cid)
+            if child is None or cid == node["nodeId"]:
+                continue
+            if child.get("role", {}).get("value") in _DROP_ROLES:
+                continue
+            if child.get("ignored") and child.get("role", {}).get("value") not in ("RootWebArea",):
+                out.extend(children(child))  # ignored wrappers can hold visible children
+            else:
+                out.append(child)
+        return out
+
+    def visit(node: dict, depth: int, context_names: set[str]) -> None:
+        role = node.get("role", {}).get("value", "")
+        name = _name(node)
+        bid = node.get("browsergym_id")
+        kids = children(node)
+        # fold "one node + one text": <span>ornare</span> -> [13] generic 'ornare'
+        if (role != "StaticText" and not name and len(kids) == 1
+                and kids[0].get("role", {}).get("value") == "StaticText" and _name(kids[0])):
+            name, kids = _name(kids[0]), []
+            folded = True
+        else:
+            folded = False
+        if role == "RootWebArea":
+            show = False
+        elif role == "StaticText":
+            show = bool(name) and not any(name in c for c in context_names if c)
+        elif role in _INTERACTIVE or role.lower() in _INTERACTIVE:
+            show = True
+        elif folded and name in context_names:
+            show = False  # e.g. the text inside a filled textbox repeats its value
+        else:
+            show = bool(name)  # containers: only when they carry text
+        if show:
+            s = (f"[{bid}] " if bid is not None else "") + role + (f" {name!r}" if name else "")
+            value = (node.get("value") or {}).get("value")
+            if value not in (None, "") and str(value) != name:
+                s += f" value={value!r}"
+            props = {p.get("name"): (p.get("value") or {}).get("value") for p in node.get("properties", [])}
+            attrs = [k for k in _FLAG_PROPS if props.get(k) not in (None, False, "false")]
+            attrs = [k if props[k] in (True, "true") else f"{k}={props[k]!r}" for k in attrs]
+            if attrs:
+                s += ", " + ", ".join(attrs)
+            lines.append(" " * depth + s)
+        # a child's text is redundant if the parent (shown or not) or a sibling already says it
+        sibling_names = {_name(k) for k in kids if k.get("role", {}).get("value") != "StaticText"}
+        value = (node.get("value") or {}).get("value")
+        ctx = ({name} if name else set()) | ({str(value)} if value not in (None, "") else set()) | sibling_names | (context_names if not show else set())
+        for k in kids:
+            visit(k, depth + 1 if show else depth, ctx)
+
+    visit(nodes[0], 0, set())
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Action grammar
+
+
+class ActionParseError(ValueError):
+    """The model's text holds no valid action. The message is shown to the agent."""
+
+
+# name -> parameter names (positional order); the canonical form is positional.
+ACTIONS: dict[str, tuple[str, ...]] = {
+    "click": ("bid",),
+    "dblclick": ("bid",),
+    "hover": ("bid",),
+    "focus": ("bid",),
+    "clear": ("bid",),
+    "check": ("bid",),
+    "uncheck": ("bid",),
+    "fill": ("bid", "value"),
+    "select_option": ("bid", "options"),
+    "press": ("bid", "key_comb"),
+    "scroll": ("delta_x", "delta_y"),
+    "send_msg_to_user": ("text",),
+    "noop": (),
+}
+_ALIASES = {"text": "value", "option": "options", "key": "key_comb", "dx": "delta_x", "dy": "delta_y",
+            "message": "text", "msg": "text"}
+_BID_RE = re.compile(r"^[a-zA-Z]*[0-9]+$")
+_CALL_START = re.compile(r"(?<![\w.])[A-Za-z_][\w]*(?:\s*\.\s*[A-Za-z_]\w*)*\(")
+_EXAMPLE = "reply with one call such as click('12') or fill('14', 'text')"
+
+
+def _literal(node: ast.AST):
+    """A Python literal from an ast node, or raise: str, int, float, -number, list of those."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd))
+            and isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float)):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    raise ActionParseError(
+        f"arguments must be literals (quoted strings or numbers), got {ast.unparse(node)!r}; {_EXAMPLE}")
+
+
+def _find_calls(text: str) -> list[ast.Call]:
+    """Every top-level call expression `name(...)` in the text, left to right. ast.parse only
+    parses: nothing is evaluated."""
+    calls = []
+    i = 0
+    while True:
+        m = _CALL_START.search(text, i)
+        if not m:
+            return calls
+        start = m.start()
+        end = None
+        for close in (j for j in range(m.end() - 1, min(len(text), start + 2000)) if text[j] == ")"):
+            try:
+                tree = ast.parse(text[start:close + 1].replace("\n", " "), mode="eval")
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                continue
+            if isinstance(tree.body, ast.Call):
+                calls.append(tree.body)
+                end = close + 1
+                break
+        i = end if end is not None else m.start() + 1
+
+
+def _clean(text: str) -> str:
+    """Drop <think> blocks (everything up to the last </think>) and code-fence markers."""
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    text = text.replace("<think>", " ")
+    text = re.sub(r"```[a-zA-Z]*", " ", text)
+    return text
+
+
+def parse_action(text: str) -> str:
+    """Parse the model's raw text into one canonical action string.
+
+    Grammar: exactly one call of a whitelisted function (see ACTIONS) with literal arguments,
+    e.g. `click('13')`, `fill('14', 'Myron')`, `select_option('9', ['a', 'b'])`, `scroll(0, 300)`.
+    Prose, a <think>...</think> block and ``` fences around the call are ignored. If the text
+    holds several calls, the LAST one is the action (models often restate a plan before acting).
+    Integer bids are accepted (click(13) -> click('13')); keyword arguments are accepted and
+    made positional. Quoting is repr-based, so quotes inside text round-trip.
+    The text is parsed with `ast` (mode 'eval') and never executed.
+
+    Returns: the canonical string, e.g. "click('13')".
+    Errors: ActionParseError (a ValueError) with a message meant for the agent.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ActionParseError(f"empty reply; {_EXAMPLE}")
+    calls = _find_calls(_clean(text))
+    if not calls:
+        raise ActionParseError(f"no action found; {_EXAMPLE}")
+    call = calls[-1]
+    if not isinstance(call.func, ast.Name):
+        raise ActionParseError(
+            f"only plain action calls are allowed, not {ast.unparse(call.func)!r}; {_EXAMPLE}")
+    name = call.func.id
+    if name not in ACTIONS:
+        raise ActionParseError(f"unknown action {name!r}; allowed: {', '.join(ACTIONS)}")
+    params = ACTIONS[name]
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        raise ActionParseError(f"*args/**kwargs are not allowed in {name}(); {_EXAMPLE}")
+    args = [_literal(a) for a in call.args]
+    if len(args) > len(params):
+        raise ActionParseError(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
+    values = dict(zip(params, args))
+    for kw in call.keywords:
+        key = _ALIASES.get(kw.arg, kw.arg)
+        if key not in params or key in values:
+            raise ActionParseError(f"{name}() got an unexpected or repeated argument {kw.arg!r}")
+        values[key] = _literal(kw.value)
+    missing = [p for p in params if p not in values]
+    if missing:
+        raise ActionParseError(f"{name}() is missing argument(s): {', '.join(missing)}; e.g. {_signature_example(name)}")
+    out = []
+    for p in params:
+        v = values[p]
+        if p == "bid":
+            if isinstance(v, int) and v >= 0:
+                v = str(v)
+            if not isinstance(v, str) or not _BID_RE.match(v.strip()):
+                raise ActionParseError(f"bid must be an element id from the tree such as '12', got {v!r}")
+            v = v.strip()
+        elif p in ("delta_x", "delta_y"):
+            if not isinstance(v, (int, float)):
+                raise ActionParseError(f"scroll() takes two numbers, got {v!r}")
+        elif p == "options":
+            if isinstance(v, list):
+                if not all(isinstance(o, (str, int, float)) for o in v):
+                    raise ActionParseError("select_option() options must be strings")
+                v = [str(o) for o in v]
+            elif isinstance(v, (int, float)):
+                v = str(v)
+        else:  # value, key_comb, text
+            if isinstance(v, list):
+                raise ActionParseError(f"{name}() argument {p} must be a string, got a list")
+            if isinstance(v, (int, float)):
+                v = str(v)
+            if p == "key_comb" and not v.strip():
+                raise ActionParseError("press() needs a key such as 'Enter'")
+        out.append(v)
+    return f"{name}({', '.join(repr(v) for v in out)})"
+
+
+def _signature_example(name: str) -> str:
+    return {"fill": "fill('14', 'text')", "select_option": "select_option('9', 'Blue')",
+            "press": "press('14', 'Enter')", "scroll": "scroll(0, 300)",
+            "send_msg_to_user": "send_msg_to_user('42')"}.get(name, f"{name}('12')")
+
+
+def _split_action(action: str) -> tuple[str, list]:
+    """Canonical string -> (name, args). Only called on parse_action's own output."""
+    call = ast.parse(action, mode="eval").body
+    return call.func.id, [_literal(a) for a in call.args]
+
+
+# ----------------------------------------------------------------------------------------------
+# Browser
+
+
+def chromium_path() -> str:
+    return os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")
+
+
+# Chromium flags for many small headless browsers on few cores. (BrowserGym's own
+# --disable-features=OverlayScrollbars and --hide-scrollbars changes only matter for screenshots.)
+CHROMIUM_ARGS = [
+    "--disable-gpu",
+    "--disable-crash-reporter",  # its crashpad handlers outlive the browser as zombies here
+    "--disable-dev-shm-usage",
+    "--disable-extensions",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-sync",
+    "--no-first-run",
+    "--mute-audio",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,OverlayScrollbars",
+    "--renderer-process-limit=1",
+]
+
+_TLS = threading.local()  # one Playwright per thread (the sync API is bound to its thread)
+
+
+def _playwright() -> playwright.sync_api.Playwright:
+    pw = getattr(_TLS, "pw", None)
+    if pw is None:
+        pw = playwright.sync_api.sync_playwright().start()
+        pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)  # get_by_test_id() finds bids
+        _TLS.pw = pw
+    return pw
+
+
+class _MemoryChat:
+    """Stand-in for BrowserGym's Chat, which launches a second browser to draw a chat window."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+
+    def add_message(self, role: str, msg: str) -> None:
+        if role != "info":
+            self.messages.append({"role": role, "timestamp": time.time(), "message": msg})
+
+    def wait_for_user_message(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# BrowserGym's action functions (click, fill, ...) compiled once; each env execs them into its own
+# namespace, whose `page` is rebound before every action (no exec of model text, ever).
+_ACTION_SET = HighLevelActionSet(subsets=["chat", "bid", "nav"], demo_mode="off", strict=True,
+                                 multiaction=False, retry_with_force=False)
+_ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
+
+_ACTIVATE_PAGE_JS = r"""
+window.browsergym_page_activated();
+window.addEventListener("focus", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("focusin", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("load", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("pageshow", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("mousemove", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("mouseup", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("mousedown", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("wheel", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("keyup", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("keydown", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("input", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("touchstart", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("touchend", () => {window.browsergym_page_activated();}, {capture: true});
+document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible") {
+        window.browsergym_page_activated();
+    }
+}, {capture: true});
+"""
+
+
+def url_allowed(url: str) -> bool:
+    """Only MiniWoB's own files (and blank/data pages) may load."""
+    if url.startswith(("about:blank", "data:")):
+        return True
+    if not url.startswith("file://"):
+        return False
+    path = os.path.normpath(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    return path == MINIWOB_HTML_DIR or path.startswith(MINIWOB_HTML_DIR + os.sep)
+
+
+class _PersistentBrowserEnv(BrowserEnv):
+    """BrowserGym's BrowserEnv with one Chromium kept across resets.
+
+    reset() mirrors BrowserEnv.reset (browsergym-core 0.14.3) except: the browser is launched
+    once (slow_mo 0, our flags, our executable), the chat is in memory, every request is routed
+    through `url_allowed`, and the observation skips the screenshot and the DOM snapshot.
+    """
+
+    def __init__(self, task_entrypoint, headless: bool, timeout_ms: int, pre_observation_delay: float,
+                 marker: str, context_episodes: int = 100):
+        super().__init__(task_entrypoint=task_entrypoint, headless=headless, slow_mo=0,
+                         pre_observation_delay=pre_observation_delay, action_mapping=None)
+        self.timeout_ms = timeout_ms
+        self.marker = marker  # an inert flag that tags this env's Chromium in `ps`
+        self.blocked: list[str] = []  # URLs aborted by the router in this episode
+        self.ns: dict = {"page": None, "DEMO_MODE": False,
+                         "send_message_to_user": lambda text: self.chat.add_message("assistant", str(text)),
+                         "report_infeasible_instructions": lambda reason: None}
+        exec(_ACTION_CODE, self.ns)  # safe: BrowserGym's own action library, compiled at import; model text is never executed
+        self.context_episodes = context_episodes
+        self.episodes_in_context = 0
+
+    # -- browser lifetime
+    def launch(self) -> None:
+        self.browser = _playwright().chromium.launch(
+            headless=self.headless, slow_mo=0, executable_path=chromium_path(),
+            args=CHROMIUM_ARGS + [f"--webdream-env={self.marker}"])
+
+    def _route(self, route: playwright.sync_api.Route) -> None:
+        url = route.request.url
+        if url_allowed(url):
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort("blockedbyclient")
+
+    def _new_context(self) -> None:
+        if self.context:
+            ctx, self.context = self.context, None
+            try:
+                ctx.close()
+            except playwright.sync_api.Error:
+                pass
+        if self.browser is None or not self.browser.is_connected():
+            self.launch()
+        self.context = self.browser.new_context(
+            viewport=self.task.viewport, locale=self.task.locale, timezone_id=self.task.timezone_id)
+        self.context.set_default_timeout(self.timeout_ms)  # BrowserGym's actions use their own 500 ms
+        self.context.set_default_navigation_timeout(max(self.timeout_ms, 10_000))  # slow under load
+        self.context.route("**/*", self._route)
+        self.context.expose_binding(
+            "browsergym_page_activated", lambda source: self._activate_page_from_js(source["page"]))
+        self.context.add_init_script(_ACTIVATE_PAGE_JS)
+        self.page_history = {}
+        self.page = self.context.new_page()
+        self.episodes_in_context = 0
+
+    def reset(self, seed: int):
+        if self.task:
+            self.task.teardown()
+            self.task = None
+        self.task = self.task_entrypoint(seed=seed)
+        self.blocked = []
+        # Reuse the context and page while it is healthy: the task's setup() navigates to its page
+        # afresh (a new document, new JS state), which is ~0.15 s cheaper than a new context.
+        # A new context every `context_episodes` episodes bounds whatever a page might leave behind.
+        reuse = (self.context is not None and self.page is not None and not self.page.is_closed()
+                 and len(self.context.pages) == 1 and self.episodes_in_context < self.context_episodes)
+        if not reuse:
+            self._new_context()
+        self.episodes_in_context += 1
+        self.chat = _MemoryChat()
+        self.chat.add_message("assistant", "Hi! I am your UI assistant.")
+        goal, task_info = self.task.setup(page=self.page)
+        self.goal_object = [{"type": "text", "text": goal}] if isinstance(goal, str) else list(goal or [])
+        for m in self.goal_object:
+            if m.get("type") == "text":
+                self.chat.add_message("user", m["text"])
+        self._wait_dom_loaded()
+        self._active_page_check()
+        self.start_time = time.time()
+        self.last_action = ""
+        self.last_action_error = ""
+        self.infeasible_message_received = False
+        return self._get_obs(), {"task_info": task_info}
+
+    def act(self, action: str | None, error: str = ""):
+        """Run one canonical action (or none, with a parse error to show) and validate."""
+        self.last_action = action or ""
+        info = {"action_exec_start": time.time(), "action_exec_timeout": 0}
+        self.last_action_error = error
+        if action is not None:
+            name, args = _split_action(action)
+            if name == "noop":
+                pass  # BrowserGym's noop sleeps 1 s; MiniWoB pages have nothing to wait for
+            else:
+                self.ns["page"] = self.page
+                try:
+                    self.ns[name](*args)
+                except playwright.sync_api.Error as e:
+                    if _is_fatal(e):
+                        raise
+                    self.last_action_error = _short_error(e)
+                except (ValueError, TypeError) as e:  # e.g. "Could not find element with bid"
+                    self.last_action_error = _short_error(e)
+        return self.post_step(info)
+
+    def _get_obs(self):
+        """Only what the text agent needs: goal, URL, AXTree (with bids), focused bid."""
+        for retries_left in reversed(range(3)):
+            try:
+                _pre_extract(self.page, tags_to_mark=self.tags_to_mark, lenient=(retries_left == 0))
+                axtree = extract_merged_axtree(self.page)
+            except (playwright.sync_api.Error, MarkingError) as e:
+                if retries_left > 0 and any(s in str(e) for s in (
+                        "detached", "not found", "context was destroyed", "without a bid",
+                        "Cannot read properties of undefined")):
+                    _post_extract(self.page)
+                    time.sleep(0.05)
+                    continue
+                raise
+            break
+        _post_extract(self.page)
+        goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
+        return {"goal": goal, "url": self.page.url, "axtree_object": axtree,
+                "last_action": self.last_action,
+                "last_action_error": self.last_action_error}
+
+    def close(self):
+        for fn in (lambda: self.context and self.context.close(), lambda: self.browser and self.browser.close()):
+            try:
+                fn()
+            except Exception:
+                pass
+        self.task = self.context = self.browser = self.chat = None
+
+
+def _is_fatal(e: Exception) -> bool:
+    """Playwright errors that mean the browser, context or page is gone (vs. a bad action)."""
+    s = str(e)
+    return any(k in s for k in ("Target page, context or browser has been closed", "Browser has been closed",
+                                "Connection closed", "Target closed", "crashed"))
+
+
+def _short_error(e: Exception, limit: int = 200) -> str:
+    """First line of an error, without Playwright's call log (it costs tokens and helps nobody),
+    except the one fact an agent can use: which element covers the target."""
+    full = f"{type(e).__name__}: {e}"
+    s = full.split("\nCall log:")[0].strip()
+    s = s.splitlines()[0] if s else s
+    s = s if len(s) <= limit else s[: limit - 3] + "..."
+    m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
+    if m:
+        s += f" (element [{m.group(1)}] {m.group(2).strip()!r} is on top of it)"
+    return s
+
+
+# ----------------------------------------------------------------------------------------------
+# The environment
+
+_ENV_COUNTER = iter(range(10**9))
+
+
+class WebEnv:
+    """One MiniWoB++ task in real headless Chromium, stepped with the model's raw text.
+
+    reset(seed) -> Obs; step(text) -> (Obs, reward, done, info) with
+    info = {"action": canonical str or None, "error": str, "success": bool,
+            "env_error": bool, "raw_reward": float, "truncated": bool}.
+    reward is 1.0 only on full success. done: the task ended or `max_steps` actions were taken
+    (truncated, reward 0). A parse error costs a step, runs nothing, and is shown in the next Obs.
+    A browser fault ends the episode (done, env_error, reward 0) and the next reset relaunches.
+    The browser is launched once per WebEnv and reused across episodes; many WebEnvs can live in
+    one thread (Playwright's sync API allows one thread per instance, so threads each get their own).
+    """
+
+    def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int = 5000,
+                 pre_observation_delay: float = 0.0, max_tree_lines: int = 200):
+        if task.startswith("browsergym/miniwob."):
+            task = task[len("browsergym/miniwob."):]
+        if task.startswith("miniwob."):
+            task = task[len("miniwob."):]
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
+        self.task = task
+        self.max_steps = max_steps
+        self.max_tree_lines = max_tree_lines
+        self.marker = f"{os.getpid()}-{next(_ENV_COUNTER)}"
+        self._bg = _PersistentBrowserEnv(TASKS[task], headless=headless, timeout_ms=timeout_ms,
+                                         pre_observation_delay=pre_observation_delay, marker=self.marker)
+        self.seed: int | None = None
+        self.goal = ""
+        self.t = 0
+        self.done = True
+        self._broken = False  # set by a browser fault: the next reset relaunches Chromium
+        self.last_raw_reward = 0.0
+
+    # -- helpers
+    def _obs(self, bg_obs: dict, error: str = "") -> Obs:
+        return Obs(goal=self.goal, url=short_url(bg_obs["url"]),
+                   axtree=flatten_axtree(bg_obs["axtree_object"], self.max_tree_lines),
+                   error=error, step=self.t)
+
+    def _relaunch(self) -> None:
+        self._bg.close()
+        self._broken = False
+
+    def reset(self, seed: int, retries: int = 2) -> Obs:
+        """Start an episode on page `seed`. A browser fault relaunches Chromium and retries; if every
+        try fails, the returned Obs carries the error and the next step() ends the episode with
+        info["env_error"] = True."""
+        self.seed, self.t, self.done, self.last_raw_reward = seed, 0, False, 0.0
+        err = ""
+        for attempt in range(retries + 1):
+            if self._broken:
+                self._relaunch()
+            try:
+                bg_obs, _ = self._bg.reset(seed=seed)
+                self.goal = bg_obs["goal"]
+                return self._obs(bg_obs)
+            except Exception as e:  # any browser/Playwright fault
+                logger.warning("reset(%s, seed=%s) failed (attempt %d): %s", self.task, seed, attempt, e)
+                err = _short_error(e)
+                self._broken = True
+        self._broken = True
+        return Obs(goal=self.goal, url="", axtree="", error=f"environment error: {err}", step=0)
+
+    def step(self, text: str) -> tuple[Obs, float, bool, dict]:
+        """Parse the model's text, act, and observe. Never raises for browser faults."""
+        info = {"action": None, "error": "", "success": False, "env_error": False,
+                "raw_reward": 0.0, "truncated": False}
+        if self.done:
+            raise RuntimeError("step() called on a finished episode; call reset(seed) first")
+        self.t += 1
+        if self._broken:
+            self.done = True
+            info.update(env_error=True, error="environment error during reset")
+            return Obs(self.goal, "", "", info["error"], self.t), 0.0, True, info
+        try:
+            action = parse_action(text)
+            parse_error = ""
+        except ActionParseError as e:
+            action, parse_error = None, f"ActionParseError: {e}"
+        info["action"] = action
+        try:
+            bg_obs, _, terminated, _, bg_info = self._bg.act(action, error=parse_error)
+        except Exception as e:  # browser fault: end the episode, relaunch at the next reset
+            logger.warning("step(%s, seed=%s) failed: %s", self.task, self.seed, e)
+            self._broken = True
+            self.done = True
+            info.update(env_error=True, error=f"environment error: {_short_error(e)}")
+            return Obs(self.goal, "", "", info["error"], self.t), 0.0, True, info
+        task_info = bg_info.get("task_info", {})
+        if "error" in task_info:  # BrowserGym's validate(): wrong page or URL -> episode over
+            terminated = True
+        raw = float(task_info.get("RAW_REWARD_GLOBAL") or 0.0)
+        self.last_raw_reward = raw
+        success = bool(terminated) and is_success(raw)
+        truncated = not terminated and self.t >= self.max_steps
+        done = bool(terminated) or truncated
+        self.done = done
+        info.update(error=bg_obs["last_action_error"], success=success, raw_reward=raw, truncated=truncated)
+        return self._obs(bg_obs, error=bg_obs["last_action_error"]), (1.0 if success else 0.0), done, info
+
+    def close(self) -> None:
+        """Close the browser. Safe to call twice."""
+        self._bg.close()
+        self.done = True
+
+    def chromium_rss_mb(self) -> float:
+        """Resident memory of this env's Chromium processes (browser + renderers), in MiB (Linux /proc)."""
+        return chromium_rss_mb(self.marker)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def make_env(task: str, **kw) -> WebEnv:
+    """WebEnv(task, **kw). Errors: ValueError for an unknown task (the message lists valid names)."""
+    return WebEnv(task, **kw)
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) for every process (Linux /proc)."""
+    procs = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            procs[int(pid)] = (ppid, cmd)
+        except (OSError, IndexError, ValueError):
+            continue
+    return procs
+
+
+def chromium_pids(marker: str) -> list[int]:
+    """The Chromium launched with --webdream-env=<marker> and all its descendants."""
+    procs = _proc_table()
+    roots = {p for p, (_, cmd) in procs.items()
+             if f"--webdream-env={marker}" in cmd and "--type=" not in cmd and "chrom" in cmd}
+    keep, frontier = set(roots), set(roots)
+    while frontier:
+        frontier = {p for p, (pp, _) in procs.items() if pp in frontier and p not in keep}
+        keep |= frontier
+    return sorted(keep)
+
+
+def chromium_rss_mb(marker: str) -> float:
+    """Memory of one env's Chromium processes in MiB: the sum of their proportional set sizes
+    (PSS: shared pages split among the processes that share them), else of their RSS."""
+    total = 0
+    for pid in chromium_pids(marker):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                kb = next(int(l.split()[1]) for l in f if l.startswith("Pss:"))
+        except (OSError, StopIteration):
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    kb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+            except OSError:
+                continue
+        total += kb
+    return total / 1024
+
+
+if __name__ == "__main__":
+    import argparse
+    import statistics
+
+    ap = argparse.ArgumentParser(description="Print a MiniWoB page's observation and time resets/steps.")
+    ap.add_argument("--task", default="click-button", help="MiniWoB task name, e.g. click-link")
+    ap.add_argument("--seed", type=int, default=0, help="page seed")
+    ap.add_argument("--n", type=int, default=0, help="time this many resets and noop steps")
+    a = ap.parse_args()
+    env = make_env(a.task)
+    obs = env.reset(a.seed)
+    print(obs.text)
+    print(f"({len(obs.text)} characters)")
+    if a.n:
+        tr, ts = [], []
+        for i in range(a.n):
+            t0 = time.time(); env.reset(a.seed + i); tr.append(time.time() - t0)
+            t0 = time.time(); env.step("noop()"); ts.append(time.time() - t0)
+        print(f"reset {statistics.mean(tr):.3f} s, step {statistics.mean(ts):.3f} s, "
+              f"chromium RSS {env.chromium_rss_mb():.0f} MiB")
+    env.close()
