@@ -6,9 +6,11 @@ RUNS    ?= runs
 NPROC   ?= 1
 DEMOS   ?= 20
 SEEDS   ?= 20
-ITERS   ?= 10
+ITERS   ?= 20
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# wall seconds and peak memory of every step go to $(RUNS)/timings.txt (where GNU time exists)
+TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
 .PHONY: all setup run demos bc eval-base eval-bc real eval-real test clean
@@ -26,20 +28,21 @@ run: demos bc eval-bc real eval-real
 
 demos: $(RUNS)/demos.jsonl
 $(RUNS)/demos.jsonl:
-	$(PY) experts.py --out $@ --per-task $(DEMOS)
+	@mkdir -p $(RUNS)
+	$(TIME) $(PY) experts.py --out $@ --per-task $(DEMOS)
 
 bc: $(RUNS)/demos.jsonl
-	$(TORCHRUN) train.py --mode bc --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode bc --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
 real:
-	$(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
-	$(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
+	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
 eval-bc:
-	$(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS)
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS)
 eval-real:
-	$(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS)
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS)
 
 test:
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests

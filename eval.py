@@ -43,22 +43,25 @@ def summarise(trajs: list[dict], tasks: list[str]) -> dict:
         ok = [t for t in ts if not t["env_error"]]
         s = sum(t["success"] for t in ok)
         lo, hi = wilson(s, len(ok))
-        rows[task] = {"success": s / len(ok) if ok else 0.0, "ci95": [lo, hi], "n": len(ok), "successes": s,
+        # success None: every episode of the task was an env_error, so nothing was measured
+        rows[task] = {"success": s / len(ok) if ok else None, "ci95": [lo, hi], "n": len(ok), "successes": s,
                       "env_error": len(ts) - len(ok), "mean_steps": sum(t["steps"] for t in ok) / max(1, len(ok))}
     ok = [t for t in trajs if not t["env_error"]]
     s = sum(t["success"] for t in ok)
     lo, hi = wilson(s, len(ok))
-    mean = {"success": s / len(ok) if ok else 0.0, "ci95": [lo, hi], "n": len(ok), "successes": s,
-            "env_error": len(trajs) - len(ok), "task_mean": sum(r["success"] for r in rows.values()) / max(1, len(rows))}
+    measured = [r["success"] for r in rows.values() if r["success"] is not None]
+    mean = {"success": s / len(ok) if ok else None, "ci95": [lo, hi], "n": len(ok), "successes": s,
+            "env_error": len(trajs) - len(ok), "task_mean": sum(measured) / len(measured) if measured else None}
     return {"tasks": rows, "mean": mean}
 
 
 def markdown(summary: dict, title: str) -> str:
     lines = [f"### {title}", "", "| task | success | 95% CI | n | env_error | mean steps |", "|---|---|---|---|---|---|"]
+    pct = lambda x, fmt=".0%": "n/a" if x is None else format(x, fmt)
     for task, r in summary["tasks"].items():
-        lines.append(f"| {task} | {r['success']:.0%} | {r['ci95'][0]:.0%}-{r['ci95'][1]:.0%} | {r['n']} | {r['env_error']} | {r['mean_steps']:.1f} |")
+        lines.append(f"| {task} | {pct(r['success'])} | {r['ci95'][0]:.0%}-{r['ci95'][1]:.0%} | {r['n']} | {r['env_error']} | {r['mean_steps']:.1f} |")
     m = summary["mean"]
-    lines.append(f"| **all** | **{m['success']:.1%}** | {m['ci95'][0]:.0%}-{m['ci95'][1]:.0%} | {m['n']} | {m['env_error']} | |")
+    lines.append(f"| **all** | **{pct(m['success'], '.1%')}** | {m['ci95'][0]:.0%}-{m['ci95'][1]:.0%} | {m['n']} | {m['env_error']} | |")
     return "\n".join(lines) + "\n"
 
 
@@ -84,14 +87,15 @@ def main(argv=None):
     p.add_argument("--model", default=policy.DEFAULT_MODEL, help="base model when no --ckpt")
     p.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
     p.add_argument("--seeds", type=int, default=20, help="eval seeds per task")
-    p.add_argument("--max-steps", type=int, default=6, help="turns per episode (test-time interaction budget)")
+    p.add_argument("--max-steps", type=int, default=None, help="turns per episode (test-time interaction budget; default: as trained, else 6)")
     p.add_argument("--num-envs", type=int, default=8, help="episodes running at once")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
-    p.add_argument("--keep-last", type=int, default=1, help="observations kept in full")
-    p.add_argument("--no-compress", action="store_true", help="keep every observation in full")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="token budget of a prompt")
-    p.add_argument("--think", action="store_true", help="ask for a <think> block before the action")
+    p.add_argument("--keep-last", type=int, default=None, help="observations kept in full (default: as trained, else 1)")
+    p.add_argument("--no-compress", action="store_true", default=None, help="keep every observation in full (default: as trained)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="token budget of a prompt (default: as trained, else 1024)")
+    p.add_argument("--think", action="store_true", default=None, help="ask for a <think> block before the action (default: as trained)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the model runs")
     p.add_argument("--bf16", type=int, default=0, help="bf16 autocast for generation (1/0); slower than fp32 on CPU")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval or runs/eval-base)")
     args = p.parse_args(argv)
@@ -101,9 +105,20 @@ def main(argv=None):
         p.error(f"unknown task(s) {unknown}")
     if args.ckpt and not os.path.isdir(args.ckpt):
         p.error(f"--ckpt {args.ckpt}: no such checkpoint folder")
+    if not 1 <= args.seeds <= len(webenv.EVAL_SEEDS):
+        p.error(f"--seeds must be between 1 and {len(webenv.EVAL_SEEDS)}")
+    # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
+    trained = {}
+    if args.ckpt and os.path.exists(os.path.join(args.ckpt, "webdream.json")):
+        with open(os.path.join(args.ckpt, "webdream.json")) as f:
+            trained = json.load(f)
+    defaults = {"max_steps": 6, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024, "think": False}
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, trained.get(k, v))
     out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
     os.makedirs(out, exist_ok=True)
-    model, tok = policy.load_model(args.ckpt or args.model)
+    model, tok = policy.load_model(args.ckpt or args.model, device=args.device)
     t0 = time.time()
     summary, trajs = evaluate(model, tok, tasks, webenv.eval_seeds(args.seeds), max_steps=args.max_steps,
                               num_envs=args.num_envs, temperature=args.temperature, max_new_tokens=args.max_new_tokens,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +49,10 @@ def default_model_path() -> str:
     tmp = out + f".tmp{os.getpid()}"
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)  # atomic: a crash mid-conversion never leaves a half-written model
+    try:
+        os.replace(tmp, out)  # atomic: a crash mid-conversion never leaves a half-written model
+    except OSError:  # another process (a second torchrun rank) finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -85,8 +87,19 @@ def load_model(name: str = DEFAULT_MODEL, *, lora_rank: int = 0, device: str | t
                                                      target_modules="all-linear", task_type="CAUSAL_LM"))
     tok = AutoTokenizer.from_pretrained(path)
     prepare_tokenizer(tok)
-    model.generation_config.pad_token_id = tok.pad_token_id
+    plain_generation_config(model, tok)
     return model.to(device), tok
+
+
+def plain_generation_config(model, tok):
+    """Replace the model's shipped generation defaults (some hub models set a repetition penalty
+    or top-k) by bare ids: the tokens must be sampled from softmax(logits / T) itself, the
+    distribution whose log-probs we store and train on."""
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=stop_ids(tok),
+                                               pad_token_id=tok.pad_token_id)
+    return model
 
 
 def load_tokenizer(name: str = DEFAULT_MODEL):
@@ -107,23 +120,24 @@ def tiny_model(tokenizer, *, hidden: int = 64, layers: int = 2, heads: int = 4, 
     """A tiny randomly initialised Llama with the tokenizer's vocabulary, for tests (no download)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
                       max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                       tie_word_embeddings=True)
-    model = LlamaForCausalLM(cfg)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    with torch.random.fork_rng():  # the same tiny model for a seed, without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    return plain_generation_config(model, tokenizer)
 
 
 def stop_ids(tokenizer) -> list[int]:
-    """Every id that ends a reply: the tokenizer's eos (SmolLM2: <|im_end|>) and <|endoftext|> if present."""
+    """Every id that ends a reply: the tokenizer's eos (SmolLM2: <|im_end|>, id 2) and the usual
+    end-of-text/end-of-turn tokens the vocabulary has (SmolLM2: <|endoftext|>, id 0)."""
     ids = {tokenizer.eos_token_id}
     for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
         i = tokenizer.convert_tokens_to_ids(t)
-        if isinstance(i, int) and i != tokenizer.unk_token_id and i is not None:
+        if isinstance(i, int) and tokenizer.convert_ids_to_tokens(i) == t:
             ids.add(i)
     return sorted(i for i in ids if i is not None)
 
@@ -162,7 +176,6 @@ class Sample:
     text: str
     truncated: bool = False
     prompt_len: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -178,7 +191,6 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
     model.eval()
     stops = stop_ids(tokenizer)
     device = next(model.parameters()).device
-    out: list[Sample] = []
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths: less padding
     results: dict[int, Sample] = {}
     for s in range(0, len(order), batch_size):
@@ -209,8 +221,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
             results[i] = Sample(ids=toks, logprobs=lp[row, :n].tolist(),
                                 text=tokenizer.decode(toks, skip_special_tokens=True),
                                 truncated=truncated, prompt_len=len(prompts[i]))
-    out = [results[i] for i in range(len(prompts))]
-    return out
+    return [results[i] for i in range(len(prompts))]
 
 
 def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n_last: int, *,

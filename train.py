@@ -57,7 +57,7 @@ def parse_args(argv=None):
     g.add_argument("--bf16", type=int, default=0, help="bf16 autocast for training (1/0); generation uses it on GPU only (on CPU it is slower there)")
     g.add_argument("--grad-ckpt", type=int, default=0, help="gradient checkpointing (saves memory, costs ~30%% time)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4 bc, 2e-6 real; x10 with LoRA)")
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4 bc and wm, 1e-5 real; x10 with LoRA)")
     g.add_argument("--batch-size", type=int, default=32, help="bc: samples (turns) per optimizer step, all ranks")
     g.add_argument("--micro-batch", type=int, default=8, help="samples per forward pass (memory)")
     g.add_argument("--epochs", type=float, default=2.0, help="bc: passes over the demonstrations")
@@ -94,10 +94,22 @@ def parse_args(argv=None):
         p.error(f"unknown task(s) {unknown}; known MiniWoB tasks include {webenv.SUITE}")
     if args.mode == "real" and args.group_size < 2:
         p.error("--group-size must be at least 2: a group of one has no advantage")
+    if args.mode == "real" and args.temperature <= 0:
+        p.error("--temperature must be > 0 in real mode: RL samples, and log-probs divide by it")
+    for name in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "batch_size", "max_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.mode == "real" and args.groups_per_iter % world:
+        p.error(f"--groups-per-iter {args.groups_per_iter} must divide evenly over {world} ranks")
+    if args.tiny and args.init:
+        p.error("--tiny builds a random model; it cannot start from --init")
+    if args.kl_coef > 0 and args.loss == "gspo":
+        p.error("--kl-coef applies to --loss mgrpo only (GSPO has no KL term)")
     if args.init and not os.path.isdir(args.init):
         p.error(f"--init {args.init}: no such checkpoint folder")
     if args.lr is None:
-        args.lr = (2e-6 if args.mode == "real" else 1e-4) * (10 if args.lora_rank else 1)
+        args.lr = (1e-5 if args.mode == "real" else 1e-4) * (10 if args.lora_rank else 1)
     if args.clip_low is None:
         args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
     if args.clip_high is None:
@@ -112,7 +124,8 @@ def setup_distributed():
     rank, world, local = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
     if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # metrics are reduced as CPU tensors, so GPU runs need gloo beside nccl
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     if device.type == "cpu":  # share the cores between the processes of this node
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     else:
@@ -171,6 +184,18 @@ class Logger:
         self.jsonl.flush()
         self.tb.flush()
 
+    def truncate(self, step: int):
+        """On resume: forget the lines logged after the checkpoint we restart from (they are redone)."""
+        if not self.enabled:
+            return
+        path = self.jsonl.name
+        self.jsonl.close()
+        with open(path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(path, "w") as f:
+            f.writelines(keep)
+        self.jsonl = open(path, "a")
+
     def close(self):
         if self.enabled:
             self.tb.close()
@@ -178,24 +203,54 @@ class Logger:
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int):
-    """Write out/name atomically (a temp folder, then rename) and point out/latest at it."""
-    final = os.path.join(out, name)
-    tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "step": step, "extra": extra,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}},
-               os.path.join(tmp, "trainer_state.pt"))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    with open(os.path.join(out, "latest.tmp"), "w") as f:
-        f.write(name)
-    os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
-    steps = sorted(d for d in os.listdir(out) if d.startswith("step-") and not d.endswith(".tmp"))
-    for d in steps[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(out, d), ignore_errors=True)
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int,
+                    rank: int = 0, world: int = 1, settings: dict | None = None):
+    """Write out/name atomically (a temp folder, then rename) and point out/latest at it.
+
+    Collective: every rank calls it (each rank's RNG state is gathered so that a resumed run
+    draws what an uninterrupted one would); rank 0 writes. `settings` (the prompt format the
+    model was trained with) goes to webdream.json, which eval.py reads.
+    """
+    rngs = [None] * world
+    if world > 1:
+        dist.all_gather_object(rngs, rng_state())
+    else:
+        rngs = [rng_state()]
+    if rank == 0:
+        final = os.path.join(out, name)
+        tmp, old = final + ".tmp", final + ".old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "step": step, "extra": extra, "rng": rngs},
+                   os.path.join(tmp, "trainer_state.pt"))
+        with open(os.path.join(tmp, "webdream.json"), "w") as f:
+            json.dump({"step": step, **(settings or {})}, f, indent=1)
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final):
+            os.replace(final, old)  # never a moment with neither the old nor the new folder
+        os.replace(tmp, final)
+        with open(os.path.join(out, "latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
+        shutil.rmtree(old, ignore_errors=True)
+        steps = sorted(d for d in os.listdir(out) if d.startswith("step-") and d[5:].isdigit())
+        for d in steps[:-keep] if keep > 0 else []:
+            shutil.rmtree(os.path.join(out, d), ignore_errors=True)
+    barrier(world)
+
+
+def prompt_settings(args) -> dict:
+    """What eval.py needs to prompt a checkpoint the way it was trained."""
+    return {"keep_last": args.keep_last, "no_compress": args.no_compress, "think": args.think,
+            "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps}
 
 
 def latest_checkpoint(out: str) -> str | None:
@@ -216,6 +271,11 @@ def build_model(args, device, path=None):
     else:
         model, tok = policy.load_model(args.init or args.model, lora_rank=args.lora_rank, device=device)
     model.to(device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # Every rank starts from rank 0's weights: a fresh LoRA adapter (or a --tiny model) is
+        # drawn from each rank's own RNG, and nothing else would keep the replicas identical.
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, 0)
     if args.grad_ckpt:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -266,7 +326,8 @@ def train_supervised(args, rank, world, device, logger):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps))
     step = 0
     if resume:
-        step = restore_state(resume, opt)
+        step = restore_state(resume, opt, rank=rank)
+        logger.truncate(step)
         sched.last_epoch = step
     print0(rank, f"{tag}: {len(samples)} samples, {total_steps} steps of {args.batch_size}, lr {args.lr}, world {world}")
     bar = tqdm(total=total_steps, initial=step, desc=tag, disable=rank != 0)
@@ -300,12 +361,11 @@ def train_supervised(args, rank, world, device, logger):
         logger.log(m, step)
         bar.update(1)
         bar.set_postfix(loss=f"{m[f'loss/{tag}']:.3f}")
-        if rank == 0 and (step % args.save_every == 0 or step == total_steps):
-            save_checkpoint(args.out, f"step-{step:06d}", model, tok, opt, step, {}, args.keep_ckpts)
-        barrier(world)
+        if step % args.save_every == 0 or step == total_steps:
+            save_checkpoint(args.out, f"step-{step:06d}", model, tok, opt, step, {}, args.keep_ckpts, rank, world,
+                            prompt_settings(args))
     bar.close()
-    if rank == 0:
-        save_checkpoint(args.out, "final", model, tok, opt, step, {}, args.keep_ckpts)
+    save_checkpoint(args.out, "final", model, tok, opt, step, {}, args.keep_ckpts, rank, world, prompt_settings(args))
     return model
 
 
@@ -345,7 +405,8 @@ def train_real(args, rank, world, device, logger):
     it, env_steps = 0, 0
     if resume:
         state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
-        it, env_steps = restore_state(resume, opt, state), state["extra"].get("env_steps", 0)
+        it, env_steps = restore_state(resume, opt, state, rank), state["extra"].get("env_steps", 0)
+        logger.truncate(it)
     pool = EnvPool(lambda task: webenv.WebEnv(task, max_steps=args.max_steps), max_envs=args.num_envs)
     print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, world {world}")
     try:
@@ -373,12 +434,12 @@ def train_real(args, rank, world, device, logger):
             logger.log(m, it)
             bar.update(1)
             bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.3f}")
-            if rank == 0 and (it % args.save_every == 0 or it == args.iterations):
-                save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, {"env_steps": env_steps}, args.keep_ckpts)
-            barrier(world)
+            if it % args.save_every == 0 or it == args.iterations:
+                save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, {"env_steps": env_steps},
+                                args.keep_ckpts, rank, world, prompt_settings(args))
         bar.close()
-        if rank == 0:
-            save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": env_steps}, args.keep_ckpts)
+        save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": env_steps}, args.keep_ckpts, rank, world,
+                        prompt_settings(args))
     finally:
         pool.close()
     return model
@@ -417,18 +478,19 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
                     old[k] = lp[j, L - len(samples[k][2]):]  # this sample's reply tokens only
     model.train()
     agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0}
-    rng = random.Random(len(samples))
+    rng = random.Random(len(samples) * 1_000_003 + len(trajs))
     shares = 0.0  # ratio, clip fraction and KL are averaged with the weight each micro-batch carries
-    work = live or [None]  # every rank must run a backward so that the gradient all-reduce lines up
     for epoch in range(args.ppo_epochs):
-        perm = work[:]
+        perm = live[:]
         rng.shuffle(perm)
         for chunk in [perm[k::args.minibatches] for k in range(args.minibatches)]:
-            for mb in micro_batches([i for i in chunk if i is not None], by_traj, args.micro_batch) or [[]]:
-                if not mb:  # nothing to learn from on this rank: a zero loss keeps the ranks in step
-                    loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-                    loss.backward()
-                    continue
+            # Every rank runs the same number of optimizer steps and collectives, with or without
+            # work of its own (average_gradients gives a rank without gradients zeros).
+            if all_sum(len(chunk), world) == 0:
+                # No rank has a trajectory with signal: stepping AdamW on zero gradients would still
+                # move the weights along its stale moments. Every rank takes this branch together.
+                continue
+            for mb in micro_batches(chunk, by_traj, args.micro_batch):
                 batch = [samples[k] for k in mb]
                 logp, rm, L = score(model, tok, batch, args, device)  # (B, L)
                 if n_updates > 1:
@@ -466,6 +528,7 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
             agg["loss/grad_norm"] = float(gnorm)
+            agg["loss/updates"] = agg.get("loss/updates", 0) + 1
     for k in ("loss/ratio", "loss/clip_frac", "loss/kl"):
         agg[k] = agg[k] / shares if shares else (1.0 if k == "loss/ratio" else 0.0)
     stats.update(agg)
@@ -493,12 +556,18 @@ def score(model, tok, batch, args, device):
 
 
 # ----------------------------------------------------------------------------- main
-def restore_state(path: str, opt, state=None) -> int:
+def restore_state(path: str, opt, state=None, rank: int = 0) -> int:
+    """Load optimizer and this rank's RNG state from a checkpoint; return its step."""
     state = state or torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
     opt.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
+    rngs = state["rng"]
+    if rank < len(rngs):  # a run resumed on more ranks than it had keeps its seeding for the new ones
+        r = rngs[rank]
+        torch.set_rng_state(r["torch"])
+        np.random.set_state(r["numpy"])
+        random.setstate(r["python"])
+        if "cuda" in r and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(r["cuda"])
     return int(state["step"])
 
 
