@@ -96,3 +96,40 @@ def test_policy_update_raises_the_likelihood_of_the_rewarded_action(loss, epochs
     assert stats["rollout/zero_var_groups"] == 0.5 and stats["loss/trajectories_trained"] == 2
     if epochs * minibatches == 1:
         assert abs(stats["loss/ratio"] - 1.0) < 1e-6 and stats["loss/clip_frac"] == 0.0  # on-policy: ratio exactly 1
+
+
+def test_sigkill_mid_run_then_resume_ends_where_an_uninterrupted_run_would(tmp_path, demos):
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    def cmd(out):
+        return [sys.executable, "train.py", "--mode", "bc", "--tiny", "--demos", demos, "--out", out, "--tasks",
+                "click-button", "--batch-size", "4", "--micro-batch", "2", "--save-every", "1", "--lr", "1e-3",
+                "--epochs", "5", "--keep-ckpts", "1"]
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    run(cmd(whole))
+    proc = subprocess.Popen(cmd(cut), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = os.path.join(cut, "latest")
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(latest) and open(latest).read().strip() >= "step-000003":
+            proc.send_signal(signal.SIGKILL)  # no chance to clean up: only what was on disk survives
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    killed_at = int(open(latest).read().strip()[5:])
+    assert 3 <= killed_at < 10
+    run(cmd(cut) + ["--resume"])
+    assert [m["step"] for m in metrics(cut)] == list(range(1, 11))  # each step logged once, none lost
+    a = load_file(os.path.join(whole, "final", "model.safetensors"))
+    b = load_file(os.path.join(cut, "final", "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+
+
+def torch_equal(x, y):
+    import torch
+
+    return torch.allclose(x, y, atol=1e-6, rtol=0)
