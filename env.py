@@ -267,10 +267,11 @@ ACTIONS: dict[str, tuple[str, ...]] = {
 _ALIASES = {"text": "value", "option": "options", "key": "key_comb", "dx": "delta_x", "dy": "delta_y",
             "message": "text", "msg": "text"}
 _BID_RE = re.compile(r"^[a-zA-Z]*[0-9]+$")
-_CALL_START = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*\(")
+# `name(` or `obj.name(`; no space around the dot: "...the OK button. click('15')" is prose then a call
+_CALL_START = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\(")
 _EXAMPLE = "reply with one call such as click('12') or fill('14', 'text')"
-MAX_REPLY_CHARS = 100_000  # longer replies are refused unread (scanning stays well under 0.5 s)
-_MAX_NESTING = 8           # brackets inside one call; a real action nests at most 2
+MAX_REPLY_CHARS = 50_000   # longer replies are refused unread; scanning 50k takes < 0.3 s (2 busy cores)
+_MAX_NESTING = 4           # brackets inside one call (a valid action nests at most 2): deeper is refused unparsed
 _MAX_SCROLL = 1e9          # pixels; also refuses inf and nan
 _PAIRS = {"(": ")", "[": "]", "{": "}"}
 _CODE_RUN = re.compile(r"[^'\"()\[\]{}#]+")
@@ -282,7 +283,8 @@ _STRING_REST = {
     "'''": re.compile(r"[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''", re.S),
     '"""': re.compile(r'[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""', re.S),
 }
-_LINE_STRING_REST = {"'": re.compile(r"[^'\\\n]*(?:\\.[^'\\\n]*)*'"), '"': re.compile(r'[^"\\\n]*(?:\\.[^"\\\n]*)*"')}
+_LINE_STRING_REST = {"'": re.compile(r"[^'\\\n]*(?:\\.[^'\\\n]*)*'"),  # a string in code outside calls
+                     '"': re.compile(r'[^"\\\n]*(?:\\.[^"\\\n]*)*"')}
 _QUOTE_OR_HASH = re.compile(r"['\"#]")
 _TRAILING_COMMENT = re.compile(r"[ \t]*#")
 _VALID_ESCAPES = frozenset("\\'\"abfnrtv01234567xNuU")
@@ -403,7 +405,7 @@ class _Candidate:
     """One `name(` in the reply: a call that parses (node) or why it does not (error)."""
     start: int
     end: int                  # past its ')' (the end of the text when it never closes)
-    head: str                 # the callee as written, spaces removed: "click", "page.click"
+    head: str                 # the callee as written: "click", "page.click"
     node: ast.Call | None = None
     src: str = ""             # the text ast parsed (for the source of number literals)
     error: ActionParseError | None = None
@@ -418,7 +420,7 @@ def _scan(text: str) -> list[_Candidate]:
         s = m.start()
         if s < last_end:
             continue
-        head = re.sub(r"\s+", "", m.group()[:-1])
+        head = m.group()[:-1]
         hit = _match_paren(text, m.end() - 1, cache)
         if hit is None:
             if head in ACTIONS:  # only a broken whitelisted call can be the answer (an error)
@@ -575,7 +577,8 @@ def _check_call(call: ast.Call, src: str) -> str:
     """The canonical string of one parsed call, or ActionParseError."""
     if not isinstance(call.func, ast.Name):
         raise ActionParseError(
-            f"only plain action calls are allowed, not {_snippet(ast.unparse(call.func))}; {_EXAMPLE}", "not_plain")
+            f"only plain action calls are allowed, not {_snippet(ast.unparse(call.func))}; {_EXAMPLE}",
+            "not_plain")
     name = call.func.id
     if name not in ACTIONS:
         raise ActionParseError(f"unknown action {name!r}; allowed: {', '.join(ACTIONS)}", "unknown_action")

@@ -1,0 +1,278 @@
+"""env.parse_action on the replies models actually write: every reply gives exactly one canonical
+action or an ActionParseError of a named kind, never an empty or silently different action.
+Pure: no browser is started."""
+import pickle
+import time
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import env
+from env import ActionParseError, parse_action
+
+
+def kind_of(text):
+    """The kind of the ActionParseError that text raises (the test fails if it parses)."""
+    with pytest.raises(ActionParseError) as e:
+        parse_action(text)
+    assert len(str(e.value)) > 10  # a message the agent can act on
+    return e.value.kind
+
+
+# ---------------------------------------------------------------------------------------------
+# text arguments
+
+
+def test_escaped_quotes_in_text():
+    assert parse_action(r"fill('14', 'He said \'hi\'')") == """fill('14', "He said 'hi'")"""
+    assert parse_action(r'fill("14", "say \"hi\"")') == """fill('14', 'say "hi"')"""
+    both = r"""fill('14', 'it\'s "x"')"""
+    assert parse_action(both) == both  # repr keeps ' quotes and escapes the inner one
+    assert env._split_action(both)[1] == ["14", """it's "x\""""]
+
+
+def test_hash_in_text_is_not_a_comment():
+    assert parse_action("fill('14', 'item #2')") == "fill('14', 'item #2')"
+    assert parse_action("```python\nfill('14', 'a # b')  # the box\n```") == "fill('14', 'a # b')"
+    assert parse_action("fill('14',  # the name box\n     'Myron')") == "fill('14', 'Myron')"
+
+
+def test_backslash_n_written_literally_is_a_newline():
+    # Python's literal rules: \n written in quotes is a newline; \\n is a backslash and an n
+    assert parse_action(r"fill('14', 'one\ntwo')") == r"fill('14', 'one\ntwo')"
+    assert env._split_action(parse_action(r"fill('14', 'one\ntwo')"))[1] == ["14", "one\ntwo"]
+    assert parse_action(r"fill('14', 'one\\ntwo')") == r"fill('14', 'one\\ntwo')"
+    assert env._split_action(parse_action(r"fill('14', 'one\\ntwo')"))[1] == ["14", "one\\ntwo"]
+
+
+def test_real_newlines_in_text_are_kept():
+    assert parse_action("fill('14', 'one\ntwo')") == r"fill('14', 'one\ntwo')"  # was 'one two'
+    assert parse_action("fill('14', 'one\r\ntwo')") == r"fill('14', 'one\r\ntwo')"  # was no action
+    assert parse_action("fill('14', '''one\ntwo''')") == r"fill('14', 'one\ntwo')"
+    assert parse_action("fill('14', 'one\\\ntwo')") == "fill('14', 'onetwo')"  # Python's line joining
+
+
+def test_unknown_escape_keeps_its_backslash_even_with_warnings_as_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ast.parse warns on '\d'; -W error made it 'no action found'
+        assert parse_action(r"fill('14', 'C:\dir\sub')") == r"fill('14', 'C:\\dir\\sub')"
+        assert parse_action(r"fill('14', r'\d+')") == r"fill('14', '\\d+')"
+
+
+def test_unicode_text():
+    texts = ["Zoë", "東京タワー", "🚀 launch", "مرحبا ١٢٣", "naïve café — ok", "\u2028sep", "tab\there"]
+    for s in texts:
+        want = f"fill('14', {s!r})"
+        assert parse_action(f"fill('14', '{s}')") == want
+        assert parse_action(want) == want
+    assert parse_action("send_msg_to_user('Ответ: 42 ✓')") == "send_msg_to_user('Ответ: 42 ✓')"
+    assert kind_of("click('١٢')") == "bad_bid"  # Arabic-Indic digits are not a bid
+
+
+def test_markup_inside_text_is_text():
+    for s in ["</think>", "<think>", "```", "click('9')", "a) # b"]:
+        want = f"fill('3', {s!r})"
+        assert parse_action(want) == want
+        assert parse_action(f"<think>type it</think>\n{want}") == want
+
+
+def test_numbers_where_text_is_expected_are_kept_as_written():
+    assert parse_action("fill('3', 42)") == "fill('3', '42')"
+    assert parse_action("fill('3', 1.50)") == "fill('3', '1.50')"  # was '1.5'
+    assert parse_action("fill('3', -7)") == "fill('3', '-7')"
+    assert parse_action("select_option('9', [1, 'b'])") == "select_option('9', ['1', 'b'])"
+    assert parse_action("click(13)") == "click('13')"
+    assert kind_of("click(0x1F)") == "bad_bid"  # was click('31')
+    assert kind_of("scroll(0, 1e999)") == "bad_number"  # was scroll(0, inf), not a fixed point
+    assert kind_of("select_option('9', [])") == "bad_options"
+
+
+# ---------------------------------------------------------------------------------------------
+# where the action is
+
+
+def test_action_in_the_middle_of_prose():
+    reply = "The OK button is [15], so I'll click('15') and then it's done (I think)."
+    assert parse_action(reply) == "click('15')"
+
+
+def test_action_after_a_full_stop():
+    # was 'only plain action calls are allowed, not button.click': the regex allowed "button. click("
+    assert parse_action("I will press the OK button. click('15')") == "click('15')"
+    assert parse_action("Done thinking.\nclick('15')") == "click('15')"
+    assert parse_action("e.g. click('15')") == "click('15')"
+    assert kind_of("page.click('13')") == "not_plain"
+
+
+def test_fenced_block_with_comment_and_assignment_before_the_call():
+    reply = "Here:\n```python\n# the name box is 14\nname = 'Myron'\nfill('14', 'Myron')\n```\n"
+    assert parse_action(reply) == "fill('14', 'Myron')"
+    reply = "```python\n# click('3') would be wrong\nbid = '15'  # the OK button\nclick('15')\n```"
+    assert parse_action(reply) == "click('15')"
+    assert parse_action("```python\naction = click('15')\n```") == "click('15')"
+    # a variable is not resolved: a clear error, not a guess
+    assert kind_of("```python\nname = 'Myron'\nfill('14', name)\n```") == "not_literal"
+
+
+def test_comment_after_the_call_is_ignored():
+    assert parse_action("fill('14', 'a')  # not click('1')") == "fill('14', 'a')"  # was click('1')
+    assert parse_action("```\nfill('14', 'a')\n# click('1') is wrong\n```") == "fill('14', 'a')"  # was click('1')
+
+
+def test_reply_already_ending_with_the_closing_parenthesis():
+    assert parse_action("click('15'))") == "click('15')"
+    assert parse_action("fill('3', 'a (b)'))") == "fill('3', 'a (b)')"
+    assert parse_action("click('15')") == "click('15')"
+    assert kind_of("click('15'") == "unclosed"  # cut before it: an error, not a guess
+    assert kind_of("fill('3', 'abc") == "unclosed"
+
+
+def test_two_calls_the_last_wins():
+    assert parse_action("click('1') then click('2')") == "click('2')"
+    assert parse_action("fill('3', 'x')\nclick('4')") == "click('4')"
+    assert parse_action("<think>click('1')?</think> click('2') or maybe click('3')") == "click('3')"
+    # the last call decides even when it is wrong: an earlier call is never used instead
+    assert kind_of("click('15') and then goto('http://x')") == "unknown_action"
+    assert kind_of("click('15')? no, fill('3', 'Myr") == "unclosed"
+
+
+def test_think_blocks():
+    assert parse_action("<think>maybe click('1')? no, 15</think>\nclick('15')") == "click('15')"
+    assert parse_action("</think> click('15')") == "click('15')"  # template opened the block
+    assert kind_of("<think>click('3')</think> I am not sure.") == "no_action"
+    assert kind_of("<think>maybe click('1')? the button is") == "unclosed_think"  # was click('1')
+
+
+def test_long_reply_is_fast():
+    prose = "The page shows a form; I'll look at every field (twice) before acting. " * 800
+    reply = (prose + "click('15')")[-env.MAX_REPLY_CHARS:]
+    assert len(reply) == 50_000
+    t = time.perf_counter()
+    assert parse_action(reply) == "click('15')"
+    assert parse_action("<think>" + reply[:-40] + "</think>fill('3', 'x')") == "fill('3', 'x')"
+    for bad in ["a(", "click(", "f(' ", "f(f(f(f(x y)))) ", "f() # ", "(", "'", "```", "fill('3', "]:
+        kind_of((bad * (50_000 // len(bad) + 1))[:50_000])
+    elapsed = time.perf_counter() - t
+    assert elapsed < 10, elapsed  # about 0.6 s in all on 2 busy cores
+    t = time.perf_counter()
+    assert kind_of("x" * 10_000_000 + "click('1')") == "too_long"
+    assert time.perf_counter() - t < 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("", "empty"),
+    ("  \n ", "empty"),
+    ("I think the answer is the OK button.", "no_action"),
+    ("click('15'", "unclosed"),
+    ("click('1' '2' x)", "syntax"),
+    ("fill('14', r'raw\nnewline')", "syntax"),
+    ("select_option('9', [[[[['a']]]]])", "syntax"),  # nested too deeply to be an action: not parsed
+    ("page.click('13')", "not_plain"),
+    ("os.system('ls')", "not_plain"),
+    ("goto('http://example.com')", "unknown_action"),
+    ("__import__('os').system('ls')", "unknown_action"),
+    ("click(*['1'])", "star_args"),
+    ("click(x)", "not_literal"),
+    ("fill('3', open('/etc/passwd').read())", "not_literal"),
+    ("click(True)", "not_literal"),
+    ("click('1', '2')", "too_many_args"),
+    ("click(bid='1', foo='2')", "bad_keyword"),
+    ("fill('3')", "missing_arg"),
+    ("click('a b')", "bad_bid"),
+    ("click(-1)", "bad_bid"),
+    ("scroll('a', 'b')", "bad_number"),
+    ("select_option('9', [['a']])", "bad_options"),
+    ("fill('3', ['a'])", "bad_text"),
+    ("press('3', '  ')", "bad_key"),
+])
+def test_error_kinds(text, kind):
+    assert kind_of(text) == kind
+
+
+def test_model_text_is_never_executed(tmp_path):
+    target = tmp_path / "pwned"
+    for reply in [f"fill('3', open({str(target)!r}, 'w').write('x'))",
+                  f"click(__import__('pathlib').Path({str(target)!r}).touch())",
+                  f"```python\nopen({str(target)!r}, 'w')\nclick('1')\n```"]:
+        try:
+            parse_action(reply)
+        except ActionParseError:
+            pass
+    assert not target.exists()
+
+
+def test_error_keeps_its_kind_when_pickled():
+    e = pickle.loads(pickle.dumps(ActionParseError("bad bid", "bad_bid")))
+    assert (str(e), e.kind, isinstance(e, ValueError)) == ("bad bid", "bad_bid", True)
+
+
+# ---------------------------------------------------------------------------------------------
+# property: every action of the language is a fixed point, wherever it is written
+
+SPECIAL = "'\"\\#\n\r\t ()[]{},=<>/`xX9éの🚀\u2028\x00"
+TEXT = st.text(max_size=30) | st.text(alphabet=SPECIAL, max_size=30)
+BID = st.from_regex(r"[a-zA-Z]{0,2}[0-9]{1,4}", fullmatch=True)
+PIXELS = st.integers(-10**9, 10**9) | st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def actions(draw):
+    """(canonical string, name, args) for any action, built the way parse_action builds it."""
+    name = draw(st.sampled_from(sorted(env.ACTIONS)))
+    args = []
+    for p in env.ACTIONS[name]:
+        if p == "bid":
+            args.append(draw(BID))
+        elif p in ("delta_x", "delta_y"):
+            args.append(draw(PIXELS))
+        elif p == "options":
+            args.append(draw(TEXT | st.lists(TEXT, min_size=1, max_size=4)))
+        elif p == "key_comb":
+            args.append(draw(TEXT.filter(str.strip)))
+        else:
+            args.append(draw(TEXT))
+    return f"{name}({', '.join(repr(a) for a in args)})", name, args
+
+
+PROSE_BEFORE = ["", "I'll do it: ", "The box (id 3) isn't filled, so ", "Action:\n", "# Plan\n", "it's `"]
+PROSE_AFTER = ["", ".", "` — that's it.", "\nDone (I hope).", "  # the final step", "\n</answer>"]
+THOUGHT = st.text(alphabet=st.characters(blacklist_characters="()"), max_size=60)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions(), st.sampled_from(PROSE_BEFORE), st.sampled_from(PROSE_AFTER), THOUGHT, actions())
+def test_canonical_is_a_fixed_point_wherever_written(action, before, after, thought, other):
+    canon, name, args = action
+    assert env._canonical(name, args) == canon
+    assert parse_action(canon) == canon
+    assert env._split_action(canon) == (name, args)
+    assert parse_action(before + canon + after) == canon
+    assert parse_action(f"```python\n{canon}\n```") == canon
+    assert parse_action(f"Here it is:\n```python\n# {thought.splitlines()[0] if thought.strip() else 'go'}\n"
+                        f"x = 1\n{canon}  # done\n```\n") == canon
+    assert parse_action(f"<think>{thought}</think>{before}{canon}{after}") == canon
+    assert parse_action(f"<think>first {other[0]}, then</think>\n{canon}") == canon  # think is ignored
+    assert parse_action(f"{other[0]} or rather {canon}") == canon  # the last call wins
+
+
+FRAGMENT = st.sampled_from(["click(", "fill(", "select_option(", "scroll(", "page.", "'", '"', "'''", "\\", "#",
+                            "\n", "(", ")", "[", "]", ", ", "'15'", "1", "x", "r'", "b'", ".", "-", "1e999", "0x1",
+                            "<think>", "</think>", "```", " # c"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(FRAGMENT | st.text(max_size=4), max_size=40).map("".join))
+def test_any_reply_gives_a_canonical_action_or_a_named_error(reply):
+    try:
+        action = parse_action(reply)
+    except ActionParseError as e:
+        assert e.kind != "invalid" and str(e)  # every error names its kind
+        return
+    assert parse_action(action) == action
+    assert env._canonical(*env._split_action(action)) == action
