@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import signal
 import re
 import threading
 import time
@@ -117,6 +118,7 @@ class Obs:
     axtree: str  # flattened accessibility tree, one node a line: "[13] button 'Submit'"
     error: str = ""  # the last action's error (parse errors included), "" if none
     step: int = 0
+    env_error: bool = False  # the browser failed (reset could not load the page): no step will follow
 
     @property
     def text(self) -> str:
@@ -915,12 +917,7 @@ class WebEnv:
 
     def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int = 5000,
                  pre_observation_delay: float = 0.0, max_tree_lines: int = 200):
-        if task.startswith("browsergym/miniwob."):
-            task = task[len("browsergym/miniwob."):]
-        if task.startswith("miniwob."):
-            task = task[len("miniwob."):]
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
+        task = _task_name(task)
         self.task = task
         self.max_steps = max_steps
         self.max_tree_lines = max_tree_lines
@@ -944,10 +941,15 @@ class WebEnv:
         self._bg.close()
         self._broken = False
 
-    def reset(self, seed: int, retries: int = 2) -> Obs:
-        """Start an episode on page `seed`. A browser fault relaunches Chromium and retries; if every
-        try fails, the returned Obs carries the error and the next step() ends the episode with
-        info["env_error"] = True."""
+    def reset(self, seed: int, retries: int = 2, task: str | None = None) -> Obs:
+        """Start an episode on page `seed` (of `task`, when given: the browser is kept, so one WebEnv
+        serves any task). A browser fault relaunches Chromium and retries; if every try fails, the
+        returned Obs has env_error=True and carries the error, and the next step() ends the
+        episode with info["env_error"] = True."""
+        if task is not None and task != self.task:
+            task = _task_name(task)
+            self.task = task
+            self._bg.task_entrypoint = TASKS[task]
         self.seed, self.t, self.done, self.last_raw_reward = seed, 0, False, 0.0
         err = ""
         for attempt in range(retries + 1):
@@ -962,7 +964,8 @@ class WebEnv:
                 err = _short_error(e)
                 self._broken = True
         self._broken = True
-        return Obs(goal=self.goal, url="", axtree="", error=f"environment error: {err}", step=0)
+        self.goal = ""
+        return Obs(goal="", url="", axtree="", error=f"environment error: {err}", step=0, env_error=True)
 
     def step(self, text: str) -> tuple[Obs, float, bool, dict]:
         """Parse the model's text, act, and observe. Never raises for browser faults."""
@@ -1001,6 +1004,16 @@ class WebEnv:
         info.update(error=bg_obs["last_action_error"], success=success, raw_reward=raw, truncated=truncated)
         return self._obs(bg_obs, error=bg_obs["last_action_error"]), (1.0 if success else 0.0), done, info
 
+    def kill(self) -> None:
+        """SIGKILL this env's Chromium processes. Safe from any thread (close() is not: Playwright's
+        sync objects belong to the thread that made them); a call blocked on the browser then fails."""
+        for pid in chromium_pids(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self._broken = True
+
     def close(self) -> None:
         """Close the browser. Safe to call twice."""
         self._bg.close()
@@ -1021,6 +1034,17 @@ class WebEnv:
             self.close()
         except Exception:
             pass
+
+
+def _task_name(task: str) -> str:
+    """'click-button', 'miniwob.click-button' or 'browsergym/miniwob.click-button' -> 'click-button'.
+    Raises ValueError, listing the valid names, for an unknown task."""
+    for prefix in ("browsergym/miniwob.", "miniwob."):
+        if task.startswith(prefix):
+            task = task[len(prefix):]
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
+    return task
 
 
 def make_env(task: str, **kw) -> WebEnv:

@@ -22,7 +22,7 @@ import torch
 import compress
 import env as webenv
 import policy
-from rollout import EnvPool, rollout
+from rollout import EnvWorkers, rollout
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -70,10 +70,10 @@ def evaluate(model, tokenizer, tasks: list[str], seeds: list[int], *, max_steps:
              max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, bf16: bool = False,
              progress: bool = True) -> tuple[dict, list[dict]]:
     """Run every (task, seed) once on real pages; return (summary, trajectories)."""
-    pool = EnvPool(lambda task: webenv.WebEnv(task, max_steps=max_steps), max_envs=num_envs)
+    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps), tokenizer, num_envs=num_envs)
     try:
         jobs = [(t, s) for t in tasks for s in seeds]
-        trajs, _ = rollout(model, tokenizer, pool, jobs, num_envs=num_envs, temperature=temperature,
+        trajs, _ = rollout(model, tokenizer, pool, jobs, temperature=temperature,
                            max_new_tokens=max_new_tokens, keep_last=keep_last, compress_context=compress_context,
                            max_prompt_tokens=max_prompt_tokens, system=system, bf16=bf16, progress=progress, desc="eval")
     finally:

@@ -1,20 +1,28 @@
-"""Trajectory collection: run the policy in environments and return trajectory records.
+"""Asynchronous trajectory collection (WebAgent-R1, Sec. 3.3): many browsers, one batched generator.
 
-This is the simple synchronous version: up to `num_envs` episodes run at once in lock step.
-Each round, every episode that waits for an action gets its prompt built (compress.py), one
-batched `generate` call serves all of them, then each environment steps in turn. Episodes that
-finish are replaced by the next job, so a short episode frees its slot for the next one.
+Each of `num_envs` worker threads owns one environment (Playwright's sync API is bound to the
+thread that created it) and runs whole episodes: reset, then for every turn it builds the prompt
+(compress.py), hands it to the generator and waits for the reply, then steps the page. The main
+thread is the generator: it gathers every agent that is waiting for an action into one batched
+`generate` call, so a slow page or a long trajectory never holds up the others and the browsers'
+work overlaps generation.
 
-Any environment with the WebEnv interface works: `reset(seed) -> Obs` and
-`step(text) -> (Obs, reward, done, info)`, real pages (env.py) or, later, dreams.
+A step that raises or hangs past `step_timeout` seconds ends that episode as `env_error`: its
+worker is abandoned (its browser killed) and a fresh worker with a fresh environment takes its
+slot; no other trajectory is lost. Any environment with the WebEnv interface works, real pages
+(env.py) or dreams (world_model.DreamEnv): `reset(seed, task=...) -> Obs`,
+`step(text) -> (Obs, reward, done, info)`, `close()`.
 
 Trajectory record (DESIGN.md): {task, seed, goal, source, turns: [{prompt_ids, response_ids,
 response_logprobs, observation, response, action, error}], reward, success, env_error, steps}.
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Callable
 
 from tqdm import tqdm
@@ -23,115 +31,226 @@ import compress
 import policy
 
 
-class EnvPool:
-    """Environments kept alive between episodes (a browser launch costs about a second).
-
-    `make_env(task)` builds one; at most `max_envs` live at once, idle ones of other tasks are
-    closed first when the pool is full.
-    """
-
-    def __init__(self, make_env: Callable, max_envs: int = 16):
-        self.make_env, self.max_envs = make_env, max_envs
-        self.idle: dict[str, list] = defaultdict(list)
-        self.busy = 0
-
-    def acquire(self, task: str):
-        if self.idle[task]:
-            env = self.idle[task].pop()
-        else:
-            while self.busy + sum(map(len, self.idle.values())) >= self.max_envs:
-                victim = next((t for t, envs in self.idle.items() if envs), None)
-                if victim is None:
-                    break
-                self.idle[victim].pop().close()
-            env = self.make_env(task)
-        self.busy += 1
-        return env
-
-    def release(self, task: str, env):
-        self.busy -= 1
-        self.idle[task].append(env)
-
-    def close(self):
-        for envs in self.idle.values():
-            for env in envs:
-                env.close()
-        self.idle.clear()
+@dataclass
+class PromptSettings:
+    """How every turn's prompt is built (compress.build_prompt's knobs)."""
+    keep_last: int = 1
+    compress_context: bool = True
+    max_tokens: int = 1024
+    system: str = compress.SYSTEM_PROMPT
 
 
-def rollout(model, tokenizer, pool: EnvPool, jobs: list[tuple[str, int]], *, num_envs: int = 8,
-            temperature: float = 1.0, max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True,
-            max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, gen_batch: int = 16,
-            bf16: bool = False, source: str = "real", progress: bool = False, desc: str = "rollout") -> tuple[list[dict], dict]:
-    """Run one episode per job (task, seed) and return (trajectories in job order, stats).
+@dataclass
+class _Request:
+    prompt: list[int]
+    reply: "queue.Queue" = field(default_factory=lambda: queue.Queue(maxsize=1))
 
-    The episode length limit is the environment's. stats: generate/env seconds and counts
-    (`env_steps` is the number of real browser steps taken, for comparing runs at equal
-    real experience).
-    """
-    results: list[dict | None] = [None] * len(jobs)
-    queue = list(enumerate(jobs))[::-1]
-    active: list[dict] = []
-    stats = defaultdict(float)
-    bar = tqdm(total=len(jobs), desc=desc, disable=not progress, leave=False)
 
-    def start_next():
-        while queue and len(active) < num_envs:
-            j, (task, seed) = queue.pop()
-            env = pool.acquire(task)
+class _Worker(threading.Thread):
+    """One environment in one thread, running the episodes it is handed."""
+
+    def __init__(self, pool: "EnvWorkers", wid: int):
+        super().__init__(daemon=True, name=f"env-worker-{wid}")
+        self.pool, self.wid = pool, wid
+        self.env = None
+        self.abandoned = False
+        self.step_started: float | None = None  # when the current reset/step began (watchdog)
+        self.current: tuple | None = None  # (batch, job index, trajectory) being collected
+
+    def run(self):
+        while True:
+            item = self.pool.jobs.get()
+            if item is None or self.abandoned:
+                break
+            batch, j, task, seed = item
+            traj = self.episode(batch, j, task, seed)
+            self.current = None
+            if not self.abandoned:
+                batch.finish(j, traj)
+        if self.env is not None and not self.abandoned:
+            self.env.close()
+
+    def _timed(self, fn, *a):
+        """Call fn, visible to the watchdog while it runs."""
+        self.step_started = time.perf_counter()
+        try:
+            return fn(*a)
+        finally:
+            self.step_started = None
+
+    def episode(self, batch: "_Batch", j: int, task: str, seed: int) -> dict:
+        traj = {"task": task, "seed": seed, "goal": "", "source": batch.source, "turns": [], "reward": 0.0,
+                "success": False, "env_error": False, "steps": 0}
+        self.current = (batch, j, traj)
+        t0 = time.perf_counter()
+        try:
+            if self.env is None:
+                self.env = self.pool.make_env(task)
+            obs = self._timed(lambda: self.env.reset(seed, task=task))
+        except Exception as e:  # env.py turns browser faults into env_error itself; this is the backstop
+            traj.update(env_error=True, error=f"reset failed: {type(e).__name__}: {e}")
+            if self.env is not None:
+                self.env.close()
+            self.env = None
+            return traj
+        finally:
+            batch.add("env_s", time.perf_counter() - t0)
+        traj["goal"] = getattr(obs, "goal", "")
+        if getattr(obs, "env_error", False):  # the browser could not load the page: no step is taken
+            traj.update(env_error=True, error=obs.error)
+            return traj
+        s = batch.settings
+        while True:
+            history = [{"observation": u["observation"], "response": u["response"]} for u in traj["turns"]]
+            prompt = compress.build_prompt(self.pool.tokenizer, history, obs.text, keep_last=s.keep_last,
+                                           compress=s.compress_context, max_tokens=s.max_tokens, system=s.system)
+            req = _Request(prompt)
+            batch.requests.put(req)
+            sample = req.reply.get()
+            if sample is None or self.abandoned:  # the rollout was cancelled
+                return traj
             t0 = time.perf_counter()
             try:
-                obs = env.reset(seed)
-            except Exception as e:  # env.py already turns browser faults into env_error; belt and braces
-                obs = None
-                err = f"reset failed: {type(e).__name__}: {e}"
-            stats["env_s"] += time.perf_counter() - t0
-            traj = {"task": task, "seed": seed, "goal": getattr(obs, "goal", ""), "source": source, "turns": [],
-                    "reward": 0.0, "success": False, "env_error": obs is None, "steps": 0}
-            if obs is None or getattr(obs, "env_error", False):
-                traj["env_error"] = True
-                traj["error"] = err if obs is None else obs.error
-                pool.release(task, env)
-                results[j] = traj
-                bar.update(1)
-                continue
-            active.append({"j": j, "env": env, "obs": obs, "traj": traj})
-
-    start_next()
-    while active:
-        prompts = [compress.build_prompt(tokenizer, [{"observation": t["observation"], "response": t["response"]}
-                                                     for t in ep["traj"]["turns"]], ep["obs"].text,
-                                         keep_last=keep_last, compress=compress_context,
-                                         max_tokens=max_prompt_tokens, system=system) for ep in active]
-        t0 = time.perf_counter()
-        samples = policy.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, batch_size=gen_batch, bf16=bf16)
-        stats["generate_s"] += time.perf_counter() - t0
-        stats["generated_tokens"] += sum(len(s.ids) for s in samples)
-        stats["prompt_tokens"] += sum(map(len, prompts))
-        still = []
-        for ep, prompt, s in zip(active, prompts, samples):
-            t0 = time.perf_counter()
-            obs, reward, done, info = ep["env"].step(s.text)
-            stats["env_s"] += time.perf_counter() - t0
-            stats["env_steps"] += 1
-            traj = ep["traj"]
-            traj["turns"].append({"prompt_ids": prompt, "response_ids": s.ids, "response_logprobs": s.logprobs,
-                                  "observation": ep["obs"].text, "response": s.text,
-                                  "action": info.get("action"), "error": info.get("error", ""),
-                                  "truncated": s.truncated})
+                obs_next, reward, done, info = self._timed(self.env.step, sample.text)
+            except Exception as e:
+                obs_next, reward, done = obs, 0.0, True
+                info = {"env_error": True, "error": f"{type(e).__name__}: {e}", "action": None}
+            if self.abandoned:  # the watchdog already ended this episode as env_error
+                return traj
+            batch.add("env_s", time.perf_counter() - t0)
+            batch.add("env_steps", 1)
+            traj["turns"].append({"prompt_ids": prompt, "response_ids": sample.ids,
+                                  "response_logprobs": sample.logprobs, "observation": obs.text,
+                                  "response": sample.text, "action": info.get("action"),
+                                  "error": info.get("error", ""), "truncated": sample.truncated})
             traj["steps"] += 1
             if done:
                 traj["reward"] = float(reward)
                 traj["success"] = bool(info.get("success", reward >= 1.0))
                 traj["env_error"] = bool(info.get("env_error", False))
-                pool.release(traj["task"], ep["env"])
-                results[ep["j"]] = traj
-                bar.update(1)
-            else:
-                ep["obs"] = obs
-                still.append(ep)
-        active[:] = still
-        start_next()
+                if traj["env_error"]:
+                    traj["error"] = info.get("error", "")
+                return traj
+            obs = obs_next
+
+
+class _Batch:
+    """The jobs of one rollout call: results, pending generation requests, counters."""
+
+    def __init__(self, n: int, source: str, settings: PromptSettings):
+        self.results: list[dict | None] = [None] * n
+        self.done = 0
+        self.source, self.settings = source, settings
+        self.requests: "queue.Queue[_Request]" = queue.Queue()
+        self.stats = defaultdict(float)
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        if n == 0:
+            self.finished.set()
+
+    def add(self, key, value):
+        with self.lock:
+            self.stats[key] += value
+
+    def finish(self, j: int, traj: dict):
+        with self.lock:
+            if self.results[j] is None:
+                self.results[j] = traj
+                self.done += 1
+            if self.done == len(self.results):
+                self.finished.set()
+        self.requests.put(None)  # wake the generator so that it sees the progress
+
+
+class EnvWorkers:
+    """`num_envs` long-lived worker threads, each owning one environment built by `make_env(task)`.
+
+    Keep one for the whole run: browsers then launch once, not once per rollout. `close()` ends
+    the threads and their browsers.
+    """
+
+    def __init__(self, make_env: Callable, tokenizer, num_envs: int = 8, step_timeout: float = 60.0):
+        self.make_env, self.tokenizer, self.step_timeout = make_env, tokenizer, step_timeout
+        self.jobs: "queue.Queue" = queue.Queue()
+        self.workers = [self._spawn(i) for i in range(num_envs)]
+
+    def _spawn(self, wid: int) -> _Worker:
+        w = _Worker(self, wid)
+        w.start()
+        return w
+
+    def watchdog(self):
+        """End episodes whose reset/step ran past step_timeout as env_error; replace their worker."""
+        now = time.perf_counter()
+        for k, w in enumerate(self.workers):
+            started, current = w.step_started, w.current
+            if started is not None and current is not None and now - started > self.step_timeout and not w.abandoned:
+                w.abandoned = True
+                batch, j, traj = current
+                traj.update(env_error=True, error=f"step timed out after {self.step_timeout:.0f} s")
+                batch.finish(j, traj)
+                try:  # unstick the thread: its browser dies, its call raises, the thread ends
+                    kill = getattr(w.env, "kill", None) or w.env.close
+                    threading.Thread(target=kill, daemon=True).start()
+                except Exception:
+                    pass
+                self.workers[k] = self._spawn(w.wid)
+                batch.add("env_timeouts", 1)
+
+    def close(self):
+        for _ in self.workers:
+            self.jobs.put(None)
+        for w in self.workers:
+            if not w.abandoned:
+                w.join(timeout=30)
+
+
+def rollout(model, tokenizer, workers: EnvWorkers, jobs: list[tuple[str, int]], *, temperature: float = 1.0,
+            max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True, max_prompt_tokens: int = 1024,
+            system: str = compress.SYSTEM_PROMPT, gen_batch: int = 16, bf16: bool = False, source: str = "real",
+            progress: bool = False, desc: str = "rollout", linger: float = 0.02) -> tuple[list[dict], dict]:
+    """Run one episode per job (task, seed) on the workers; return (trajectories in job order, stats).
+
+    The generator waits at most `linger` seconds after the first waiting agent for others to join
+    the batch. stats: generate_s, env_s (summed over workers), env_steps (real browser steps),
+    generated/prompt tokens, timeouts, wall_s.
+    """
+    settings = PromptSettings(keep_last, compress_context, max_prompt_tokens, system)
+    batch = _Batch(len(jobs), source, settings)
+    for j, (task, seed) in enumerate(jobs):
+        workers.jobs.put((batch, j, task, seed))
+    bar = tqdm(total=len(jobs), desc=desc, disable=not progress, leave=False)
+    t_start = time.perf_counter()
+    while not batch.finished.is_set():
+        try:
+            first = batch.requests.get(timeout=1.0)
+        except queue.Empty:
+            first = None
+        pending = [first] if first is not None else []
+        deadline = time.perf_counter() + linger
+        while len(pending) < gen_batch:
+            try:
+                r = batch.requests.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                break
+            if r is not None:
+                pending.append(r)
+        pending = [r for r in pending if r is not None]
+        bar.n = batch.done
+        bar.refresh()
+        if pending:
+            t0 = time.perf_counter()
+            samples = policy.generate(model, tokenizer, [r.prompt for r in pending], max_new_tokens=max_new_tokens,
+                                      temperature=temperature, batch_size=gen_batch, bf16=bf16)
+            batch.add("generate_s", time.perf_counter() - t0)
+            batch.add("generated_tokens", sum(len(s.ids) for s in samples))
+            batch.add("prompt_tokens", sum(len(r.prompt) for r in pending))
+            batch.add("generate_calls", 1)
+            for r, s in zip(pending, samples):
+                r.reply.put(s)
+        workers.watchdog()
+    bar.n = batch.done
     bar.close()
-    return results, dict(stats)
+    stats = dict(batch.stats)
+    stats["wall_s"] = time.perf_counter() - t_start
+    return batch.results, stats

@@ -36,7 +36,7 @@ import env as webenv
 import gspo
 import mgrpo
 import policy
-from rollout import EnvPool, rollout
+from rollout import EnvWorkers, rollout
 
 
 def parse_args(argv=None):
@@ -76,7 +76,8 @@ def parse_args(argv=None):
     g.add_argument("--iterations", type=int, default=10, help="rollout + update iterations")
     g.add_argument("--groups-per-iter", type=int, default=8, help="groups (task, seed) per iteration, all ranks")
     g.add_argument("--group-size", type=int, default=4, help="G: trajectories per group")
-    g.add_argument("--num-envs", type=int, default=16, help="episodes running at once per rank (browsers)")
+    g.add_argument("--num-envs", type=int, default=16, help="browsers per rank, each stepping its own episode concurrently")
+    g.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung page ends its episode as env_error")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
     g.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
     g.add_argument("--loss", choices=["mgrpo", "gspo"], default="mgrpo", help="token-level M-GRPO or sequence-level GSPO")
@@ -407,14 +408,16 @@ def train_real(args, rank, world, device, logger):
         state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
         it, env_steps = restore_state(resume, opt, state, rank), state["extra"].get("env_steps", 0)
         logger.truncate(it)
-    pool = EnvPool(lambda task: webenv.WebEnv(task, max_steps=args.max_steps), max_envs=args.num_envs)
+    # one long-lived browser per worker thread, any task on each (rollout.py)
+    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=args.max_steps), tok, num_envs=args.num_envs,
+                      step_timeout=args.step_timeout)
     print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, world {world}")
     try:
         bar = tqdm(total=args.iterations, initial=it, desc="m-grpo", disable=rank != 0)
         while it < args.iterations:
             t0 = time.time()
             jobs = iteration_jobs(args, it, rank, world)
-            trajs, rstats = rollout(model, tok, pool, jobs, num_envs=args.num_envs, temperature=args.temperature,
+            trajs, rstats = rollout(model, tok, pool, jobs, temperature=args.temperature,
                                     max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
                                     compress_context=not args.no_compress, max_prompt_tokens=args.max_prompt_tokens,
                                     system=args.system, bf16=bool(args.bf16) and device.type == "cuda", progress=rank == 0,

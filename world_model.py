@@ -567,9 +567,14 @@ class DreamEnv:
         self.t = 0
         self.done = True
 
-    def reset(self, seed: int) -> Obs:
+    def reset(self, seed: int, task: str | None = None) -> Obs:
+        """Start a dream from the start state that `seed` picks (among those of `task`, when given).
+        Raises ValueError if there is no start state of that task."""
         self.seed, self.t, self.done = seed, 0, False
-        s = self.states[random.Random(seed).randrange(len(self.states))]
+        states = self.states if task is None else [s for s in self.states if s.get("task") == task]
+        if not states:
+            raise ValueError(f"DreamEnv has no start state of task {task!r}")
+        s = states[random.Random(seed).randrange(len(states))]
         self.state = as_state(s)
         self.goal = self.state["goal"]
         if s.get("task"):
