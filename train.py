@@ -459,6 +459,8 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
     adv, zero_var = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in trajs])
     stats = {"rollout/reward": float(rewards.mean()) if len(trajs) else 0.0, "rollout/zero_var_groups": zero_var}
     samples = [(i, u["prompt_ids"], u["response_ids"]) for i, t in enumerate(trajs) for u in t["turns"] if u["response_ids"]]
+    # a turn with no reply token has an all-zero loss mask: skipped (it would divide by zero), and counted
+    stats["loss/empty_samples"] = sum(1 for t in trajs for u in t["turns"] if not u["response_ids"])
     if samples:
         # M-GRPO token weights over every trajectory (mgrpo.token_weights: each trajectory counts equally)
         lengths = torch.tensor([len(r) for _, _, r in samples])

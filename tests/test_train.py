@@ -133,3 +133,36 @@ def torch_equal(x, y):
     import torch
 
     return torch.allclose(x, y, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mode", "real", "--tasks", "click-buton"], "unknown task"),
+    (["--mode", "real", "--group-size", "1"], "--group-size must be at least 2"),
+    (["--mode", "real", "--init", "/nonexistent/ckpt"], "no such checkpoint folder"),
+    (["--mode", "real", "--temperature", "0"], "--temperature must be > 0"),
+    (["--mode", "bc", "--micro-batch", "0"], "--micro-batch must be at least 1"),
+    (["--mode", "real", "--loss", "gspo", "--kl-coef", "0.1"], "GSPO has no KL"),
+])
+def test_bad_arguments_get_a_clear_error(argv, message, capsys):
+    import train
+
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_eval_rejects_a_missing_checkpoint(capsys):
+    import eval as webeval
+
+    with pytest.raises(SystemExit):
+        webeval.main(["--ckpt", "/nonexistent/ckpt"])
+    assert "no such checkpoint folder" in capsys.readouterr().err
+
+
+def test_missing_demos_file_names_the_command_that_writes_it(tmp_path):
+    import policy
+    import train
+
+    args = train.parse_args(["--mode", "bc", "--demos", str(tmp_path / "none.jsonl")])
+    with pytest.raises(FileNotFoundError, match="python experts.py"):
+        train.bc_samples(args.demos, policy.load_tokenizer(), args)

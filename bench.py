@@ -1,0 +1,234 @@
+"""Speed, memory and fault tolerance of the rollout, measured on this machine.
+
+    python bench.py                       # everything below, markdown tables on stdout and in runs/bench/
+    python bench.py --only rollout        # rollout throughput for N = 1, 2, 4, 8 browsers + generation ceiling
+    python bench.py --only compression    # prompt tokens per turn and training-step memory, with/without compression
+    python bench.py --only chaos          # a rollout in which a tenth of the browsers are killed at random
+
+The policy is a checkpoint (--ckpt, default runs/bc/final when it exists, else the base model):
+a behaviour-cloned model answers in a few tokens like a trained agent does, where the base model
+writes prose until the length limit. Targets (WebAgent-R1's asynchronous rollout; see the README):
+N = 8 at least 3x the steps per second of N = 1; rollout throughput at least 80% of generation
+alone; with compression, turn-10 prompts at most a third of the uncompressed ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+import compress
+import env as webenv
+import policy
+from rollout import EnvWorkers, rollout
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def jobs_for(tasks, n_per_task, offset=0):
+    seeds = webenv.eval_seeds(offset + n_per_task)[offset:]
+    return [(t, s) for s in seeds for t in tasks]
+
+
+def bench_rollout(model, tok, tasks, ns, episodes_per_task, max_steps):
+    """Environment steps per second and trajectories per minute for each N, on the same jobs."""
+    rows, prompts = [], []
+    jobs = jobs_for(tasks, episodes_per_task)
+    for n in ns:
+        workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps), tok, num_envs=n)
+        try:
+            rollout(model, tok, workers, jobs[:n], temperature=1.0)  # warm up: launch the browsers
+            t0 = time.perf_counter()
+            trajs, st = rollout(model, tok, workers, jobs, temperature=1.0, gen_batch=max(ns))
+            wall = time.perf_counter() - t0
+        finally:
+            workers.close()
+        if n == max(ns):
+            prompts = [u["prompt_ids"] for t in trajs for u in t["turns"]]
+        rows.append({"N": n, "episodes": len(trajs), "env_steps": int(st.get("env_steps", 0)), "wall_s": wall,
+                     "steps_per_s": st.get("env_steps", 0) / wall, "traj_per_min": 60 * len(trajs) / wall,
+                     "generate_s": st.get("generate_s", 0.0), "env_s": st.get("env_s", 0.0),
+                     "mean_batch": st.get("env_steps", 0) / max(1, st.get("generate_calls", 1)),
+                     "success": sum(t["success"] for t in trajs) / max(1, len(trajs)),
+                     "env_error": sum(t["env_error"] for t in trajs)})
+        log(f"N={n}: {rows[-1]['steps_per_s']:.2f} steps/s, {rows[-1]['traj_per_min']:.1f} traj/min")
+    # the ceiling: the same prompts through generation alone, no browser, batched like the largest N
+    t0 = time.perf_counter()
+    samples = policy.generate(model, tok, prompts, max_new_tokens=32, temperature=1.0, batch_size=max(ns))
+    gen_wall = time.perf_counter() - t0
+    ceiling = {"prompts": len(prompts), "wall_s": gen_wall, "steps_per_s": len(prompts) / gen_wall,
+               "tokens_per_s": sum(len(s.ids) for s in samples) / gen_wall}
+    # batched generation against one prompt at a time, on the same prompts
+    few = prompts[:16]
+    t0 = time.perf_counter()
+    one = [policy.generate(model, tok, [p], max_new_tokens=32, temperature=1.0)[0] for p in few]
+    t_one = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    many = policy.generate(model, tok, few, max_new_tokens=32, temperature=1.0, batch_size=16)
+    t_many = time.perf_counter() - t0
+    gen = {"one_at_a_time_tok_s": sum(len(s.ids) for s in one) / t_one,
+           "batched_16_tok_s": sum(len(s.ids) for s in many) / t_many}
+    return rows, ceiling, gen
+
+
+def ten_turn_history(tok):
+    """A 10-turn trajectory built from real observations of the suite (expert demonstrations)."""
+    path = "runs/demos.jsonl"
+    obs = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                for u in json.loads(line)["turns"]:
+                    obs.append((u["observation"], u["action"]))
+                if len(obs) >= 40:
+                    break
+    if len(obs) < 11:  # no demos yet: real pages, read now
+        e = webenv.WebEnv("click-checkboxes")
+        for s in webenv.train_seeds(11):
+            obs.append((e.reset(s).text, "click('12')"))
+        e.close()
+    random.Random(0).shuffle(obs)
+    return [{"observation": o, "response": a} for o, a in obs[:11]]
+
+
+def bench_compression(tok, ckpt):
+    """Prompt tokens at turns 1..10 and peak memory of a training step, with and without compression."""
+    hist = ten_turn_history(tok)
+    rows = []
+    for t in range(1, 11):
+        c = len(compress.build_prompt(tok, hist[:t - 1], hist[t - 1]["observation"], max_tokens=100_000))
+        f = len(compress.build_prompt(tok, hist[:t - 1], hist[t - 1]["observation"], compress=False, max_tokens=100_000))
+        rows.append({"turn": t, "compressed": c, "full": f})
+    mem = []
+    for t in (1, 5, 10):
+        for mode in ("compressed", "full"):
+            r = subprocess.run([sys.executable, __file__, "--_step-memory", mode, "--_turn", str(t), "--ckpt", ckpt or ""],
+                               capture_output=True, text=True)
+            mem.append({"turn": t, "mode": mode, **json.loads(r.stdout.strip().splitlines()[-1])})
+            log(f"memory turn {t} {mode}: {mem[-1]}")
+    return rows, mem
+
+
+def step_memory(mode: str, turn: int, ckpt: str):
+    """In a fresh process: peak RSS of one training step (forward+backward) on the turn's sample,
+    and on every sample of a `turn`-turn trajectory one after another (what M-GRPO does)."""
+    model, tok = policy.load_model(ckpt or policy.DEFAULT_MODEL)
+    model.train()
+    hist = ten_turn_history(tok)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    prompt = compress.build_prompt(tok, hist[:turn - 1], hist[turn - 1]["observation"], compress=mode == "compressed",
+                                   max_tokens=100_000)
+    reply = tok.encode(hist[turn - 1]["response"], add_special_tokens=False) + [tok.eos_token_id]
+    ids, mask, rm, L = policy.response_batch([prompt], [reply], tok.pad_token_id)
+    t0 = time.perf_counter()
+    lp = policy.token_logprobs(model, ids, mask, L)
+    (-(lp * rm).sum()).backward()
+    dt = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"prompt_tokens": len(prompt), "step_s": round(dt, 2),
+                      "peak_rss_mb": round(peak / 1024), "step_extra_mb": round((peak - base) / 1024)}))
+
+
+def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_share=0.1, seed=0):
+    """Kill a random tenth of the browsers during a rollout; count what completes and what is lost."""
+    jobs = jobs_for(tasks, episodes_per_task, offset=100)
+    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps), tok, num_envs=num_envs)
+    rng = random.Random(seed)
+    n_kill = max(1, round(kill_share * len(jobs)))
+    killed = []
+    stop = threading.Event()
+
+    def killer():
+        while not stop.is_set() and len(killed) < n_kill:
+            time.sleep(rng.uniform(0.5, 2.0))
+            w = rng.choice(workers.workers)
+            env = w.env
+            if env is not None and w.current is not None:
+                pids = webenv.chromium_pids(env.marker)
+                for pid in pids:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass
+                if pids:
+                    killed.append(env.marker)
+    k = threading.Thread(target=killer, daemon=True)
+    k.start()
+    t0 = time.perf_counter()
+    try:
+        trajs, st = rollout(model, tok, workers, jobs, temperature=1.0)
+    finally:
+        stop.set()
+        workers.close()
+    return {"episodes": len(jobs), "browsers_killed": len(killed),
+            "completed": sum(1 for t in trajs if t is not None and not t["env_error"]),
+            "env_error": sum(1 for t in trajs if t is not None and t["env_error"]),
+            "lost": sum(1 for t in trajs if t is None), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model)")
+    p.add_argument("--only", choices=["rollout", "compression", "chaos"], default=None, help="run one part")
+    p.add_argument("--tasks", default="click-button,click-link,enter-text,login-user", help="tasks of the rollout benchmarks")
+    p.add_argument("--episodes-per-task", type=int, default=8, help="episodes per task and N")
+    p.add_argument("--ns", default="1,2,4,8", help="numbers of concurrent browsers to compare")
+    p.add_argument("--max-steps", type=int, default=6, help="episode length limit")
+    p.add_argument("--out", default="runs/bench", help="where the JSON and markdown go")
+    p.add_argument("--_step-memory", dest="step_memory", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_turn", dest="turn", type=int, default=10, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.step_memory:
+        return step_memory(a.step_memory, a.turn, a.ckpt)
+    if a.ckpt is None:
+        a.ckpt = "runs/bc/final" if os.path.isdir("runs/bc/final") else ""
+    tasks = a.tasks.split(",")
+    ns = [int(x) for x in a.ns.split(",")]
+    model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
+    os.makedirs(a.out, exist_ok=True)
+    md, res = [f"policy: {a.ckpt or 'base model'}, tasks {a.tasks}, {os.cpu_count()} CPU cores", ""], {}
+    if a.only in (None, "rollout"):
+        rows, ceiling, gen = bench_rollout(model, tok, tasks, ns, a.episodes_per_task, a.max_steps)
+        res["rollout"], res["ceiling"], res["generation"] = rows, ceiling, gen
+        base = rows[0]["steps_per_s"]
+        md += ["| browsers N | env steps/s | trajectories/min | speed-up vs N=1 | mean batch | success | env_error |",
+               "|---|---|---|---|---|---|---|"]
+        md += [f"| {r['N']} | {r['steps_per_s']:.2f} | {r['traj_per_min']:.1f} | {r['steps_per_s'] / base:.2f}x | "
+               f"{r['mean_batch']:.1f} | {r['success']:.0%} | {r['env_error']} |" for r in rows]
+        md += ["", f"generation alone (no browser), the same {ceiling['prompts']} prompts in batches of {max(ns)}: "
+               f"{ceiling['steps_per_s']:.2f} actions/s, {ceiling['tokens_per_s']:.0f} tokens/s; rollout at N={max(ns)} reaches "
+               f"{rows[-1]['steps_per_s'] / ceiling['steps_per_s']:.0%} of it.",
+               f"generation tokens/s: one prompt at a time {gen['one_at_a_time_tok_s']:.1f}, batched 16 {gen['batched_16_tok_s']:.1f}", ""]
+    if a.only in (None, "compression"):
+        rows, mem = bench_compression(tok, a.ckpt)
+        res["compression"], res["memory"] = rows, mem
+        md += ["| turn | " + " | ".join(str(r["turn"]) for r in rows) + " |", "|---" * (len(rows) + 1) + "|",
+               "| prompt tokens, compressed | " + " | ".join(str(r["compressed"]) for r in rows) + " |",
+               "| prompt tokens, full | " + " | ".join(str(r["full"]) for r in rows) + " |", "",
+               "| turn | mode | prompt tokens | step s | peak RSS MB | step's extra MB |", "|---|---|---|---|---|---|"]
+        md += [f"| {m['turn']} | {m['mode']} | {m['prompt_tokens']} | {m['step_s']} | {m['peak_rss_mb']} | {m['step_extra_mb']} |" for m in mem]
+        md += [""]
+    if a.only in (None, "chaos"):
+        c = bench_chaos(model, tok, tasks, max(2, a.episodes_per_task // 2) * 2, a.max_steps, max(ns))
+        res["chaos"] = c
+        md += ["| chaos: episodes | browsers killed | completed | env_error | lost | wall s |", "|---|---|---|---|---|---|",
+               f"| {c['episodes']} | {c['browsers_killed']} | {c['completed']} | {c['env_error']} | {c['lost']} | {c['wall_s']} |", ""]
+    with open(os.path.join(a.out, "bench.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(a.out, "bench.md"), "w") as f:
+        f.write("\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
