@@ -6,7 +6,7 @@ RUNS    ?= runs
 NPROC   ?= 1
 DEMOS   ?= 20
 SEEDS   ?= 20
-ITERS   ?= 20
+ITERS   ?= 10
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # wall seconds and peak memory of every step go to $(RUNS)/timings.txt (where GNU time exists)
