@@ -152,8 +152,9 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
         while not stop.is_set() and len(killed) < n_kill:
             time.sleep(rng.uniform(0.5, 2.0))
             w = rng.choice(workers.workers)
-            env = w.env
-            if env is not None and w.current is not None:
+            env, current = w.env, w.current
+            # mid-episode (after at least one step): a kill during reset is retried by WebEnv itself
+            if env is not None and current is not None and current[2]["turns"]:
                 pids = webenv.chromium_pids(env.marker)
                 for pid in pids:
                     try:
