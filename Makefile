@@ -1,12 +1,14 @@
 # webdream: setup, the main job on the embedded defaults, tests.
-#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval (about an hour on 2 CPU cores)
-#   make test   the test suite (real Chromium, real tokenizer, tiny models; a few minutes)
+#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval (under an hour on 2 CPU cores)
+#   make test   the test suite (real Chromium, real tokenizer, tiny models; about 5 minutes)
 PY      ?= python
 RUNS    ?= runs
 NPROC   ?= 1
 DEMOS   ?= 20
 SEEDS   ?= 20
 ITERS   ?= 10
+GROUPS  ?= 8
+G       ?= 4
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # wall seconds and peak memory of every step go to $(RUNS)/timings.txt (where GNU time exists)
@@ -29,13 +31,15 @@ run: demos bc eval-bc real eval-real
 demos: $(RUNS)/demos.jsonl
 $(RUNS)/demos.jsonl:
 	@mkdir -p $(RUNS)
-	$(TIME) $(PY) experts.py --out $@ --per-task $(DEMOS)
+	@rm -f $@.tmp  # experts.py appends: write a fresh file, rename it when complete
+	$(TIME) $(PY) experts.py --out $@.tmp --per-task $(DEMOS)
+	mv $@.tmp $@
 
 bc: $(RUNS)/demos.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode bc --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
 real:
-	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base

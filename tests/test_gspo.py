@@ -32,7 +32,7 @@ def test_equal_rewards_group_contributes_nothing():
     logp = torch.log(torch.tensor([[0.6], [0.3]])).requires_grad_()
     loss, _ = gspo.gspo_loss(logp, logp.detach() + 0.1, torch.zeros(2), torch.ones(2, 1), torch.tensor([0, 1]), num_traj=2)
     loss.backward()
-    assert float(loss) == 0.0 and torch.all(logp.grad == 0)
+    assert loss.item() == 0.0 and torch.all(logp.grad == 0)
 
 
 def test_loss_and_clipping_by_hand():
