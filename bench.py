@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 
-import torch
 
 import compress
 import env as webenv

@@ -17,7 +17,6 @@ import shutil
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -213,7 +213,7 @@ def rollout(model, tokenizer, workers: EnvWorkers, jobs: list[tuple[str, int]], 
 
     The generator waits at most `linger` seconds after the first waiting agent for others to join
     the batch. stats: generate_s, env_s (summed over workers), env_steps (real browser steps),
-    generated/prompt tokens, timeouts, wall_s.
+    generated/prompt tokens, generate_calls, env_timeouts, wall_s.
     """
     settings = PromptSettings(keep_last, compress_context, max_prompt_tokens, system)
     batch = _Batch(len(jobs), source, settings)
@@ -235,7 +235,6 @@ def rollout(model, tokenizer, workers: EnvWorkers, jobs: list[tuple[str, int]], 
                 break
             if r is not None:
                 pending.append(r)
-        pending = [r for r in pending if r is not None]
         bar.n = batch.done
         bar.refresh()
         if pending:
