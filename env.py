@@ -14,7 +14,9 @@ What this file adds to BrowserGym (browsergym-core 0.14.3):
   (BrowserGym relaunches the browser on every reset: most of an episode's time, and defunct
   processes pile up);
 - no second browser for the chat window (an in-memory stand-in), no screenshot or DOM snapshot,
-  no slow_mo and no pre-observation sleep (0.21 s a step instead of 0.85 s);
+  no slow_mo and no pre-observation sleep (0.21 s a step instead of 0.85 s); screenshots on request:
+  `WebEnv(task, screenshots=True)` puts a small JPEG of the task area on Obs.screenshot after every
+  reset and step (for report.py; about 40 ms each);
 - a strict action grammar (`parse_action`): model text is parsed with `ast`, never executed;
 - every request is routed: only the MiniWoB html folder loads (file://), everything else aborts;
   no host name resolves and WebRTC sends no UDP (for what the router cannot see); popups are closed;
@@ -35,7 +37,7 @@ import re
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import playwright.sync_api
 
@@ -125,6 +127,9 @@ class Obs:
     error: str = ""  # the last action's error (parse errors included), "" if none
     step: int = 0
     env_error: bool = False  # the browser failed (reset could not load the page): no step will follow
+    # JPEG of the task area (WebEnv(screenshots=True) only; None otherwise or if the capture failed).
+    # For people (report.py), never for the prompt: `text` does not use it.
+    screenshot: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def text(self) -> str:
@@ -688,6 +693,10 @@ STEP_TIMEOUT_S = 15.0    # one step(); past it the env's renderer is killed and 
 RESET_TIMEOUT_S = 30.0   # one reset(), every retry included
 CLOSE_TIMEOUT_S = 10.0   # one close()
 KILL_GRACE_S = 3.0       # after a renderer kill, how long a still-blocked call waits before the browser is killed
+# WebEnv(screenshots=True): MiniWoB's task area (#wrap, 160x210 px at the top-left of the page) as a JPEG
+SCREENSHOT_CLIP = {"x": 0, "y": 0, "width": 160, "height": 210}
+SCREENSHOT_QUALITY = 60
+SCREENSHOT_TIMEOUT_MS = 2000
 MAX_PAGE_ELEMENTS = 5_000  # a page with more elements is not observed (env_error); the largest MiniWoB page has 137
 
 _TLS = threading.local()  # one Playwright per thread (the sync API is bound to its thread)
@@ -1138,6 +1147,8 @@ class WebEnv:
     (truncated, reward 0). A parse error costs a step, runs nothing, and is shown in the next Obs.
     The browser is launched once per WebEnv and reused across episodes; many WebEnvs can live in
     one thread (Playwright's sync API allows one thread per instance, so threads each get their own).
+    screenshots=True: every Obs from reset/step carries `screenshot`, a JPEG (~3-6 kB) of MiniWoB's
+    160x210 task area (SCREENSHOT_CLIP), or None if the capture failed (logged; the step goes on).
 
     What a step does when the page misbehaves (tests/test_env_faults.py feeds each case):
     - an action on an element that is gone or hidden: an error the agent sees in Obs.error
@@ -1180,7 +1191,7 @@ class WebEnv:
     def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int = 5000,
                  pre_observation_delay: float = 0.0, max_tree_lines: int = 200,
                  step_timeout: float = STEP_TIMEOUT_S, reset_timeout: float = RESET_TIMEOUT_S,
-                 kill_grace: float = KILL_GRACE_S):
+                 kill_grace: float = KILL_GRACE_S, screenshots: bool = False):
         task = _task_name(task)
         if not (step_timeout > 0 and reset_timeout > 0 and kill_grace > 0):
             raise ValueError(f"step_timeout, reset_timeout and kill_grace must be > 0, "
@@ -1188,6 +1199,7 @@ class WebEnv:
         self.task = task
         self.max_steps = max_steps
         self.max_tree_lines = max_tree_lines
+        self.screenshots = screenshots
         self.step_timeout, self.reset_timeout, self.kill_grace = step_timeout, reset_timeout, kill_grace
         self.marker = f"{os.getpid()}-{next(_ENV_COUNTER)}"
         self._bg = _PersistentBrowserEnv(TASKS[task], headless=headless, timeout_ms=timeout_ms,
@@ -1205,6 +1217,20 @@ class WebEnv:
         return Obs(goal=self.goal, url=short_url(bg_obs["url"]),
                    axtree=flatten_axtree(bg_obs["axtree_object"], self.max_tree_lines),
                    error=error, step=self.t)
+
+    def _screenshot(self) -> bytes | None:
+        """The task area as a small JPEG (Obs.screenshot), or None: screenshots off, or the capture
+        failed (logged; a failed capture never fails the step). Runs inside the step's watchdog guard:
+        Playwright's own timeout ends a slow capture; only a page that hangs the renderer trips the guard."""
+        if not self.screenshots:
+            return None
+        try:
+            return self._bg.page.screenshot(type="jpeg", quality=SCREENSHOT_QUALITY, clip=SCREENSHOT_CLIP,
+                                            timeout=min(self._bg.timeout_ms, SCREENSHOT_TIMEOUT_MS))
+        except Exception as e:
+            logger.warning("screenshot(%s, seed=%s, step %d) failed: %s", self.task, self.seed, self.t,
+                           _short_error(e, 120))
+            return None
 
     def _guard(self, seconds: float):
         return _WATCHDOG.guard(self.marker, seconds, self.kill_grace)
@@ -1250,6 +1276,7 @@ class WebEnv:
                     bg_obs, _ = self._bg.reset(seed=seed)
                     self.goal = bg_obs["goal"]
                     obs = self._obs(bg_obs)
+                    obs.screenshot = self._screenshot()
                 except Exception as e:  # any browser/Playwright fault
                     fault = e
             if g.fired and fault is None:
@@ -1287,6 +1314,7 @@ class WebEnv:
             try:
                 bg_obs, _, terminated, _, bg_info = self._bg.act(action, error=parse_error)
                 obs = self._obs(bg_obs, error=bg_obs["last_action_error"])
+                obs.screenshot = self._screenshot()
             except Exception as e:  # browser fault, page too large, or a tree too deep to flatten
                 fault = e
         if g.fired:  # past the bound: even a call that then returned saw a killed renderer

@@ -3,11 +3,17 @@
     python eval.py                                  # the base model on the default suite
     python eval.py --ckpt runs/bc/final --seeds 20  # a checkpoint
     python eval.py --ckpt runs/real/final --out runs/eval-real
+    python eval.py --ckpt runs/bc/final --seeds 2 --report runs/bc/final/report  # + an HTML report
 
 Greedy decoding by default. Success is full task credit; an episode that ends by an
 infrastructure fault (`env_error`) is neither a success nor a failure: it is left out of the
 rate and counted on its own. Intervals are 95% Wilson score intervals. Writes out/results.md,
 out/results.json and every trajectory to out/trajectories.jsonl.
+
+--report DIR takes a screenshot of the page at every step (about 40 ms each) and writes
+DIR/report.html (report.py): the results table, the training curves of the checkpoint's run
+(<ckpt>/../metrics.jsonl, when it exists), and up to 50 episodes, failures first, step by step
+with screenshot, reply, action or error, and observation. One self-contained file to open in a browser.
 """
 from __future__ import annotations
 
@@ -68,9 +74,11 @@ def markdown(summary: dict, title: str) -> str:
 def evaluate(model, tokenizer, tasks: list[str], seeds: list[int], *, max_steps: int = 6, num_envs: int = 8,
              temperature: float = 0.0, max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True,
              max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, bf16: bool = False,
-             progress: bool = True) -> tuple[dict, list[dict]]:
-    """Run every (task, seed) once on real pages; return (summary, trajectories)."""
-    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps), tokenizer, num_envs=num_envs)
+             progress: bool = True, screenshots: bool = False) -> tuple[dict, list[dict]]:
+    """Run every (task, seed) once on real pages; return (summary, trajectories).
+    screenshots: keep a JPEG of every page in the trajectories (turn["screenshot"], base64; for report.py)."""
+    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps, screenshots=screenshots), tokenizer,
+                      num_envs=num_envs)
     try:
         jobs = [(t, s) for t in tasks for s in seeds]
         trajs, _ = rollout(model, tokenizer, pool, jobs, temperature=temperature,
@@ -98,6 +106,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the model runs")
     p.add_argument("--bf16", type=int, default=0, help="bf16 autocast for generation (1/0); slower than fp32 on CPU")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval or runs/eval-base)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="also write DIR/report.html: results, training curves, episodes with screenshots")
     args = p.parse_args(argv)
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in webenv.TASKS]
@@ -124,7 +134,8 @@ def main(argv=None):
                               num_envs=args.num_envs, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               keep_last=args.keep_last, compress_context=not args.no_compress,
                               max_prompt_tokens=args.max_prompt_tokens, bf16=bool(args.bf16),
-                              system=compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT)
+                              system=compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT,
+                              screenshots=bool(args.report))
     summary["seconds"] = time.time() - t0
     summary["real_steps"] = sum(t["steps"] for t in trajs)
     summary["model"] = args.ckpt or args.model
@@ -139,6 +150,13 @@ def main(argv=None):
             f.write(json.dumps(t) + "\n")
     print(md)
     print(f"wrote {out}/results.md, results.json, trajectories.jsonl ({summary['seconds']:.0f} s)")
+    if args.report:
+        import report
+
+        metrics = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "metrics.jsonl") if args.ckpt else None
+        path = report.write_report(args.report, trajs, summary=summary,
+                                   metrics_path=metrics if metrics and os.path.exists(metrics) else None, title=title)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ slot; no other trajectory is lost. Any environment with the WebEnv interface wor
 
 Trajectory record (DESIGN.md): {task, seed, goal, source, turns: [{prompt_ids, response_ids,
 response_logprobs, observation, response, action, error}], reward, success, env_error, steps}.
+With an env that takes screenshots (WebEnv(screenshots=True)), each turn also holds `screenshot`
+(base64 JPEG of the page the agent acted on) and the trajectory `final_screenshot` (the last page);
+the keys are absent otherwise.
 """
 from __future__ import annotations
 
+import base64
 import queue
 import threading
 import time
@@ -123,8 +127,10 @@ class _Worker(threading.Thread):
                                   "response_logprobs": sample.logprobs, "observation": obs.text,
                                   "response": sample.text, "action": info.get("action"),
                                   "error": info.get("error", ""), "truncated": sample.truncated})
+            _add_screenshot(traj["turns"][-1], "screenshot", obs)
             traj["steps"] += 1
             if done:
+                _add_screenshot(traj, "final_screenshot", obs_next)
                 traj["reward"] = float(reward)
                 traj["success"] = bool(info.get("success", reward >= 1.0))
                 traj["env_error"] = bool(info.get("env_error", False))
@@ -132,6 +138,13 @@ class _Worker(threading.Thread):
                     traj["error"] = info.get("error", "")
                 return traj
             obs = obs_next
+
+
+def _add_screenshot(record: dict, key: str, obs) -> None:
+    """record[key] = the Obs's screenshot as base64 text (JSON-serialisable), only when it has one."""
+    shot = getattr(obs, "screenshot", None)
+    if shot:
+        record[key] = base64.b64encode(shot).decode("ascii")
 
 
 class _Batch:

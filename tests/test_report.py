@@ -1,0 +1,148 @@
+"""report.py: the HTML report from synthetic records (fast), then from real episodes with screenshots,
+rendered in headless Chromium."""
+import base64
+import io
+import json
+import os
+import re
+
+import pytest
+
+import env as webenv
+import experts
+import policy
+import report
+from rollout import EnvWorkers, rollout
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def _jpeg_b64() -> str:
+    """A tiny JPEG, base64, as rollout.py stores screenshots."""
+    from PIL import Image  # (matplotlib's dependency)
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), "yellow").save(buf, "JPEG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+JPEG = _jpeg_b64()
+
+
+def _turn(obs, response, action=None, error="", **kw):
+    return {"prompt_ids": [1], "response_ids": [2], "response_logprobs": [-0.1], "observation": obs,
+            "response": response, "action": action, "error": error, "truncated": False, **kw}
+
+
+def _synthetic():
+    page = "Goal: Click on the OK button.\nURL: miniwob/click-button.html\n[13] button 'OK'\n[14] button 'No'"
+    return [
+        {"task": "click-button", "seed": 1, "goal": "Click OK", "source": "real", "reward": 1.0, "success": True,
+         "env_error": False, "steps": 1, "turns": [_turn(page, "click('13')", "click('13')", screenshot=JPEG)],
+         "final_screenshot": JPEG},
+        {"task": "click-button", "seed": 2, "goal": "Click OK", "source": "real", "reward": 0.0, "success": False,
+         "env_error": False, "steps": 2,
+         "turns": [_turn(page + "\n[15] generic " + repr(HOSTILE), f"I will {HOSTILE}", None,
+                         f"ActionParseError: no action in {HOSTILE}"),
+                   _turn(page, "click('14')", "click('14')")]},
+        {"task": "enter-text", "seed": 3, "goal": "Type", "source": "real", "reward": 0.0, "success": False,
+         "env_error": True, "steps": 0, "turns": [], "error": "reset failed: boom"},
+        {"task": "click-link", "seed": 4, "goal": "Click link", "source": "dream", "reward": 1.0, "success": True,
+         "env_error": False, "steps": 1, "predicted_success": True, "real_success": False,
+         "turns": [_turn("Goal: x\n[5] link 'a'\n[6] link 'b'", "click('5')", "click('5')",
+                         real_observation="Goal: x\n[5] link 'a'\n[7] link 'c'")]},
+        {"task": "click-link", "seed": 5, "goal": "Click link", "source": "dream", "reward": 0.0, "success": False,
+         "env_error": False, "steps": 1, "turns": [_turn("Goal: y", "click('9')", "click('9')", real_observation=None)]},
+    ]
+
+
+def _sections(html_text):
+    return re.findall(r"<section class='episode (\w+)'[^>]*data-source='(\w+)'", html_text)
+
+
+def test_report_from_synthetic_records(tmp_path):
+    trajs = _synthetic()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "time": 0.0, "loss/policy": 1.0 / s, "rollout/success": s / 10})
+                               + "\n" for s in range(1, 6)) + "not json\n")
+    path = report.write_report(str(tmp_path / "rep"), trajs, metrics_path=str(metrics), title=f"t {HOSTILE}")
+    text = open(path, encoding="utf-8").read()
+    secs = _sections(text)
+    assert len(secs) == 5
+    kinds = [k for k, _ in secs]
+    assert kinds == ["fail", "fail", "env_error", "success", "success"]  # failures first
+    assert HOSTILE not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "<script" not in text.lower()  # nothing executable anywhere
+    assert "http://" not in text and "https://" not in text  # self-contained
+    assert text.count(f"data:image/jpeg;base64,{JPEG}") == 2  # one step, one final page
+    assert text.count("data:image/png;base64,") == 2  # the two curves, embedded
+    assert sorted(os.listdir(tmp_path / "rep")) == ["curve_loss_policy.png", "curve_rollout_success.png", "report.html"]
+    # dream: imagined vs real, the differing line highlighted, predicted vs real success
+    assert "imagined vs real (1 line differs)" in text and "<td class='chg'>[6] link &#x27;b&#x27;</td>" in text
+    assert "predicted success <b>yes</b> / real replay success <b>no</b> (<b>disagree</b>)" in text
+    assert "imagined observation (no real replay)" in text
+    assert "source: real" in text and "source: dream" in text  # one table per source
+    # the cap keeps failures first and spreads over tasks
+    shown = report.select_episodes(trajs, 3)
+    assert [(t["task"], t["seed"]) for t in shown] == [("click-button", 2), ("click-link", 5), ("enter-text", 3)]
+    assert len(_sections(open(report.write_report(str(tmp_path / "r2"), trajs, max_episodes=2)).read())) == 2
+
+
+def _open_in_chromium(html_path, png_path):
+    """Load the report in headless Chromium: (episode sections, [(complete, naturalWidth)] of every img,
+    console errors); saves a screenshot of the page to png_path."""
+    browser = webenv._playwright().chromium.launch(executable_path=webenv.chromium_path(),
+                                                   args=webenv.CHROMIUM_ARGS)
+    try:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: errors.append(f"request {r.url}") if not r.url.startswith(("file:", "data:")) else None)
+        page.goto("file://" + os.path.abspath(html_path), wait_until="load")
+        n = page.locator("section.episode").count()
+        imgs = page.eval_on_selector_all("img", "els => els.map(e => [e.complete, e.naturalWidth])")
+        page.screenshot(path=png_path)
+        return n, imgs, errors
+    finally:
+        browser.close()
+
+
+def test_report_of_real_episodes_renders(tmp_path):
+    tok = policy.load_tokenizer()
+    model = policy.tiny_model(tok)
+    # two episodes through rollout.py (a random tiny model: failures), screenshots on
+    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=2, screenshots=True), tok, num_envs=1)
+    try:
+        trajs, _ = rollout(model, tok, workers, [("click-button", 10_000), ("click-button", 10_001)], max_new_tokens=6)
+    finally:
+        workers.close()
+    for t in trajs:
+        assert not t["env_error"] and t["steps"] >= 1
+        assert all(base64.b64decode(u["screenshot"])[:2] == b"\xff\xd8" for u in t["turns"])  # JPEG
+        assert base64.b64decode(t["final_screenshot"])[:2] == b"\xff\xd8"
+        json.dumps(t)  # still a JSON record
+    # one expert episode by hand (a success), with the same record shape
+    e = webenv.WebEnv("click-button", screenshots=True)
+    try:
+        obs = e.reset(10_002)
+        assert obs.screenshot and len(obs.screenshot) > 500 and "screenshot" not in obs.text
+        action = experts.expert_action("click-button", obs)
+        nxt, reward, done, info = e.step(action)
+    finally:
+        e.close()
+    assert done and reward == 1.0 and nxt.screenshot
+    b64 = lambda b: base64.b64encode(b).decode()
+    trajs.append({"task": "click-button", "seed": 10_002, "goal": obs.goal, "source": "expert", "reward": reward,
+                  "success": True, "env_error": False, "steps": 1, "final_screenshot": b64(nxt.screenshot),
+                  "turns": [_turn(obs.text, action, info["action"], info["error"], screenshot=b64(obs.screenshot))]})
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "loss/bc": 2.0 / s}) + "\n" for s in range(1, 4)))
+    path = report.write_report(str(tmp_path / "rep"), trajs, metrics_path=str(metrics), title="real episodes")
+    assert os.path.getsize(path) < 1_000_000
+    png = str(tmp_path / "report.png")
+    n, imgs, errors = _open_in_chromium(path, png)
+    assert n == 3 and not errors
+    n_shots = sum(len(t["turns"]) + 1 for t in trajs)
+    assert len(imgs) == n_shots + 1 and all(c and w > 0 for c, w in imgs), imgs  # + the loss/bc curve
+    assert os.path.getsize(png) > 1000
