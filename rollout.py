@@ -252,8 +252,10 @@ def rollout(model, tokenizer, workers: EnvWorkers, jobs: list[tuple[str, int]], 
         bar.refresh()
         if pending:
             t0 = time.perf_counter()
-            samples = policy.generate(model, tokenizer, [r.prompt for r in pending], max_new_tokens=max_new_tokens,
-                                      temperature=temperature, batch_size=gen_batch, bf16=bf16)
+            # `model` is a model (sampled with HF generate, bf16 as given) or a generator object (policy.py)
+            gen = model if policy.is_generator(model) else policy.HFGenerator(model, tokenizer, bf16=bf16)
+            samples = gen.generate([r.prompt for r in pending], max_new_tokens=max_new_tokens,
+                                   temperature=temperature, batch_size=gen_batch)
             batch.add("generate_s", time.perf_counter() - t0)
             batch.add("generated_tokens", sum(len(s.ids) for s in samples))
             batch.add("prompt_tokens", sum(len(r.prompt) for r in pending))
