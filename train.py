@@ -1,14 +1,19 @@
-"""webdream training: behaviour cloning, then multi-turn RL on real web pages.
+"""webdream training: behaviour cloning, then multi-turn RL on real web pages or in dreams.
 
     python train.py --mode bc --demos runs/demos.jsonl --out runs/bc           # BC warm-up
     python train.py --mode real --init runs/bc/final --out runs/real           # M-GRPO on real pages
     torchrun --nproc_per_node 2 train.py --mode real --init runs/bc/final      # same, 2 processes
     python train.py --mode real --out runs/real --resume                      # continue an interrupted run
+    python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm   # the Δ world model
+    python train.py --mode dream --init runs/bc/final --real-ratio 0.4           # GSPO in dreams (DynaWeb)
 
 --mode bc:   supervised fine-tuning on expert trajectories, loss on action tokens only
              (WebAgent-R1's behaviour-cloning warm-up, Sec. 3.1).
 --mode real: M-GRPO (mgrpo.py) on trajectories collected in real headless Chromium (rollout.py),
              every prompt built with dynamic context compression (compress.py).
+--mode wm:    the world model (world_model.py): -log p(Δ | goal, page, action) on real transitions.
+--mode dream: DynaWeb: GSPO (gspo.py) on imagined rollouts (world_model.DreamEnv, run by rollout.py
+             unchanged), with a share --real-ratio of every batch made of real expert trajectories.
 
 Under torchrun each rank collects its own groups on its own share of the tasks and gradients
 are averaged across ranks (gloo on CPU, nccl on GPU). Checkpoints are Hugging Face folders
@@ -41,8 +46,9 @@ from rollout import EnvWorkers, rollout
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
-    g.add_argument("--mode", choices=["bc", "wm", "real"], required=True,
-                   help="bc: behaviour cloning; wm: train the Δ world model; real: RL on real pages")
+    g.add_argument("--mode", choices=["bc", "wm", "real", "dream"], required=True,
+                   help="bc: behaviour cloning; wm: train the Δ world model; real: RL on real pages; "
+                        "dream: RL on the world model's imagined pages mixed with real expert trajectories")
     g.add_argument("--out", default=None, help="run folder (checkpoints, logs); default runs/<mode>")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     g.add_argument("--seed", type=int, default=0, help="random seed (each rank adds its rank)")
@@ -55,6 +61,17 @@ def parse_args(argv=None):
     g.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank instead of all weights")
     g.add_argument("--bf16", type=int, default=0, help="bf16 autocast for training (1/0); generation uses it on GPU only (on CPU it is slower there)")
     g.add_argument("--grad-ckpt", type=int, default=0, help="gradient checkpointing (saves memory, costs ~30%% time)")
+
+    def generator_kind(v):  # vLLM is the GPU generation backend: refuse it at once where there is no GPU
+        if v == "vllm" and not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError("vllm needs a CUDA GPU (and `pip install vllm`); use --generator hf on CPU")
+        return v
+    g.add_argument("--generator", type=generator_kind, choices=["hf", "vllm"], default="hf",
+                   help="how rollouts sample: hf (generate on the trained model itself) or vllm (an in-process vLLM "
+                        "engine per rank; weights pushed after every update)")
+    g.add_argument("--vllm-memory", type=float, default=0.3, help="--generator vllm: fraction of the GPU vLLM takes (weights + KV cache)")
+    g.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the torchrun "
+                   "ranks (FSDP2), for models too big for DDP; needs torchrun with 2+ processes; no --resume yet")
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4 bc and wm, 1e-5 real; x10 with LoRA)")
     g.add_argument("--batch-size", type=int, default=32, help="bc: samples (turns) per optimizer step, all ranks")
@@ -79,12 +96,25 @@ def parse_args(argv=None):
     g.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung page ends its episode as env_error")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
     g.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
-    g.add_argument("--loss", choices=["mgrpo", "gspo"], default="mgrpo", help="token-level M-GRPO or sequence-level GSPO")
+    g.add_argument("--loss", choices=["mgrpo", "gspo"], default=None,
+                   help="token-level M-GRPO or sequence-level GSPO (default: mgrpo in real mode, gspo in dream mode)")
     g.add_argument("--clip-low", type=float, default=None, help="ratio clip below 1 (default 0.2 mgrpo, 3e-4 gspo)")
     g.add_argument("--clip-high", type=float, default=None, help="ratio clip above 1 (default 0.2 mgrpo, 4e-4 gspo)")
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial model (0: no reference model)")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
+    g = p.add_argument_group("dream mode (DynaWeb)")
+    g.add_argument("--world-model", default="runs/wm/final", help="world-model checkpoint (train.py --mode wm)")
+    g.add_argument("--real-ratio", type=float, default=0.4,
+                   help="share of each batch's trajectories that are real expert trajectories (from --demos); "
+                        "the rest are imagined groups (0.4: the paper's sweet spot)")
+    g.add_argument("--dream-len", type=int, default=5, help="imagined steps per dream before it is cut")
+    g.add_argument("--expert-loss", choices=["nll", "gspo"], default="nll",
+                   help="how expert trajectories enter the loss: a likelihood term weighted by their share, "
+                        "or GSPO samples with advantage 1 - (the dreams' mean reward)")
+    g.add_argument("--replay-every", type=int, default=2,
+                   help="every N iterations, replay a sample of dreams on real pages to check the dream reward (0: never)")
+    g.add_argument("--replay-samples", type=int, default=4, help="dreams replayed per check and rank")
     args = p.parse_args(argv)
     # derived values and checks, right after parsing
     args.out = args.out or os.path.join("runs", args.mode)
@@ -92,15 +122,25 @@ def parse_args(argv=None):
     unknown = [t for t in args.tasks if t not in webenv.TASKS]
     if unknown:
         p.error(f"unknown task(s) {unknown}; known MiniWoB tasks include {webenv.SUITE}")
-    if args.mode == "real" and args.group_size < 2:
+    rl = args.mode in ("real", "dream")
+    if rl and args.group_size < 2:
         p.error("--group-size must be at least 2: a group of one has no advantage")
-    if args.mode == "real" and args.temperature <= 0:
-        p.error("--temperature must be > 0 in real mode: RL samples, and log-probs divide by it")
+    if rl and args.temperature <= 0:
+        p.error("--temperature must be > 0 in RL: it samples, and log-probs divide by it")
+    if not 0.0 <= args.real_ratio <= 1.0:
+        p.error(f"--real-ratio must be in [0, 1], got {args.real_ratio}")
+    if args.dream_len < 1:
+        p.error(f"--dream-len must be at least 1, got {args.dream_len}")
+    if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):
+        p.error(f"--world-model {args.world_model}: no such checkpoint folder; train one with "
+                "`python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm`")
+    if args.loss is None:
+        args.loss = "gspo" if args.mode == "dream" else "mgrpo"
     for name in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "batch_size", "max_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if args.mode == "real" and args.groups_per_iter % world:
+    if rl and args.groups_per_iter % world:
         p.error(f"--groups-per-iter {args.groups_per_iter} must divide evenly over {world} ranks")
     if args.tiny and args.init:
         p.error("--tiny builds a random model; it cannot start from --init")
@@ -109,7 +149,7 @@ def parse_args(argv=None):
     if args.init and not os.path.isdir(args.init):
         p.error(f"--init {args.init}: no such checkpoint folder")
     if args.lr is None:
-        args.lr = (1e-5 if args.mode == "real" else 1e-4) * (10 if args.lora_rank else 1)
+        args.lr = (1e-5 if rl else 1e-4) * (10 if args.lora_rank else 1)
     if args.clip_low is None:
         args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
     if args.clip_high is None:
@@ -152,7 +192,13 @@ def all_sum(x: float, world: int) -> float:
 
 
 def average_gradients(model, world: int):
-    """DDP's gradient all-reduce, spelled out: every rank ends with the mean gradient."""
+    """DDP's gradient all-reduce, spelled out: every rank ends with the mean gradient.
+
+    Under --fsdp FSDP reduce-scatters the gradients itself (each backward, or once here inside
+    policy.full_params); clip_grad_norm_ then takes the global norm of the sharded DTensor grads."""
+    if policy.is_sharded(model):
+        policy.reduce_sharded_grads(model)
+        return
     if world == 1:
         return
     for p in model.parameters():
@@ -223,14 +269,21 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
         dist.all_gather_object(rngs, rng_state())
     else:
         rngs = [rng_state()]
+    weights = None  # None: save_pretrained takes the model's own state dict
+    if policy.is_sharded(model):  # --fsdp: gather full weights and optimizer state on rank 0 (collective)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        weights = policy.full_state_dict(model)
+        opt_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         final = os.path.join(out, name)
         tmp, old = final + ".tmp", final + ".old"
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=weights)
         tokenizer.save_pretrained(tmp)
-        torch.save({"optimizer": optimizer.state_dict(), "step": step, "extra": extra, "rng": rngs},
-                   os.path.join(tmp, "trainer_state.pt"))
+        # under --fsdp the optimizer state is keyed by parameter name (torch.distributed.checkpoint's full form)
+        torch.save({"optimizer": optimizer.state_dict() if weights is None else opt_state, "step": step,
+                    "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
         with open(os.path.join(tmp, "webdream.json"), "w") as f:
             json.dump({"step": step, **(settings or {})}, f, indent=1)
         shutil.rmtree(old, ignore_errors=True)
@@ -262,7 +315,15 @@ def latest_checkpoint(out: str) -> str | None:
         return None
 
 
-def build_model(args, device, path=None):
+def build_model(args, device, path=None, fsdp=None):
+    """(model, tokenizer); with --fsdp (or fsdp=True) the model is sharded over the ranks (policy.shard)."""
+    fsdp = args.fsdp if fsdp is None else fsdp
+    if fsdp and not (dist.is_initialized() and dist.get_world_size() > 1):
+        raise RuntimeError("--fsdp shards the model over torchrun's processes: run "
+                           "`torchrun --nproc_per_node N train.py ... --fsdp` with N >= 2 (one process trains plainly without it)")
+    if fsdp and path is not None:
+        raise NotImplementedError(f"--resume from {path} with --fsdp is not supported yet (restore_state would need "
+                                  "torch.distributed.checkpoint's set_optimizer_state_dict); start a new run with --init")
     if path is not None:
         model, tok = policy.load_model(path, device=device)
     elif args.tiny:
@@ -279,6 +340,8 @@ def build_model(args, device, path=None):
     if args.grad_ckpt:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+    if fsdp:
+        policy.shard(model)  # after the broadcast: every rank shards the same weights
     return model, tok
 
 
@@ -286,26 +349,33 @@ def build_model(args, device, path=None):
 def bc_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, action ids + end-of-turn) for every turn of every expert trajectory, with the
     prompt built exactly as at rollout time (compression, budget, system prompt)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--demos {path} not found: write it with `python experts.py --out {path}`")
-    eos = tokenizer.eos_token_id
-    samples = []
-    with open(path) as f:
-        for line in f:
-            traj = json.loads(line)
-            if not traj.get("success") or traj["task"] not in args.tasks:
-                continue
-            history = []
-            for turn in traj["turns"]:
-                prompt = compress.build_prompt(tokenizer, history, turn["observation"], keep_last=args.keep_last,
-                                               compress=not args.no_compress, max_tokens=args.max_prompt_tokens,
-                                               system=args.system)
-                response = turn.get("response") or turn["action"]
-                samples.append((prompt, tokenizer.encode(response, add_special_tokens=False) + [eos]))
-                history.append({"observation": turn["observation"], "response": response})
+    samples = [s for traj in expert_trajectories(path, args) for s in expert_turns(traj, tokenizer, args)]
     if not samples:
         raise ValueError(f"{path} holds no successful expert trajectory for tasks {args.tasks}")
     return samples
+
+
+def expert_trajectories(path: str, args) -> list[dict]:
+    """The successful expert trajectories of args.tasks in a demos file (experts.py)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--demos {path} not found: write it with `python experts.py --out {path}`")
+    with open(path) as f:
+        trajs = [json.loads(line) for line in f if line.strip()]
+    return [t for t in trajs if t.get("success") and t["task"] in args.tasks]
+
+
+def expert_turns(traj: dict, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reply ids + end-of-turn) for each turn of one expert trajectory."""
+    eos = tokenizer.eos_token_id
+    history, out = [], []
+    for turn in traj["turns"]:
+        prompt = compress.build_prompt(tokenizer, history, turn["observation"], keep_last=args.keep_last,
+                                       compress=not args.no_compress, max_tokens=args.max_prompt_tokens,
+                                       system=args.system)
+        response = turn.get("response") or turn["action"]
+        out.append((prompt, tokenizer.encode(response, add_special_tokens=False) + [eos]))
+        history.append({"observation": turn["observation"], "response": response})
+    return out
 
 
 def train_supervised(args, rank, world, device, logger):
@@ -399,9 +469,13 @@ def train_real(args, rank, world, device, logger):
     model, tok = build_model(args, device, path=resume)
     ref = None
     if args.kl_coef > 0:
-        ref, _ = build_model(args, device)
+        ref, _ = build_model(args, device, fsdp=False)  # never sharded: ranks run different numbers of forward passes
         ref.eval().requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
+    # rollouts sample with HF generate on `model` itself or with a vLLM engine (weights pushed after each update)
+    gen = policy.make_generator(args.generator, model, tok, bf16=bool(args.bf16) and device.type == "cuda",
+                                gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
+                                max_model_len=args.max_prompt_tokens + args.max_new_tokens)
     it, env_steps = 0, 0
     if resume:
         state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
@@ -416,13 +490,15 @@ def train_real(args, rank, world, device, logger):
         while it < args.iterations:
             t0 = time.time()
             jobs = iteration_jobs(args, it, rank, world)
-            trajs, rstats = rollout(model, tok, pool, jobs, temperature=args.temperature,
-                                    max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
-                                    compress_context=not args.no_compress, max_prompt_tokens=args.max_prompt_tokens,
-                                    system=args.system, bf16=bool(args.bf16) and device.type == "cuda", progress=rank == 0,
-                                    desc=f"rollout {it}")
-            t_roll = time.time() - t0
-            lstats = policy_update(model, ref, opt, tok, trajs, args, device, world)
+            # --fsdp: every rank holds the full weights through rollout and update (policy.full_params)
+            with policy.full_params(model, opt):
+                trajs, rstats = rollout(gen, tok, pool, jobs, temperature=args.temperature,
+                                        max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
+                                        compress_context=not args.no_compress, max_prompt_tokens=args.max_prompt_tokens,
+                                        system=args.system, progress=rank == 0, desc=f"rollout {it}")
+                t_roll = time.time() - t0
+                lstats = policy_update(model, ref, opt, tok, trajs, args, device, world)
+            gen.push_weights(model)  # the next rollout samples from the updated policy
             it += 1
             ok = [t for t in trajs if not t["env_error"]]
             env_steps += int(all_sum(rstats.get("env_steps", 0), world))
@@ -447,15 +523,215 @@ def train_real(args, rank, world, device, logger):
     return model
 
 
-def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
+# ----------------------------------------------------------------------------- GSPO in dreams (DynaWeb)
+def dream_batch(args, it: int, rank: int, world: int, experts: list[dict]) -> tuple[list[tuple[str, int]], list[dict]]:
+    """This rank's share of iteration `it`'s batch: (dream jobs, real expert trajectories).
+
+    The batch holds about groups_per_iter * group_size trajectories: round(real_ratio * that) real
+    expert trajectories drawn at random from the demos, and the rest as imagined groups of G
+    dreams each, (task, seed) cycling through the suite; the seed picks a real start state.
+    Expert trajectories and groups are dealt round-robin over ranks (groups never straddle ranks).
+    """
+    total = args.groups_per_iter * args.group_size
+    n_real = round(args.real_ratio * total)
+    n_groups = round((total - n_real) / args.group_size)
+    rng = random.Random(args.seed * 1_000_003 + it)  # the same draw on every rank
+    groups = [(args.tasks[(it * args.groups_per_iter + g) % len(args.tasks)], rng.choice(webenv.TRAIN_SEEDS))
+              for g in range(n_groups)]
+    real = [experts[rng.randrange(len(experts))] for _ in range(n_real)] if experts else []
+    jobs = [job for job in groups[rank::world] for _ in range(args.group_size)]
+    return jobs, real[rank::world]
+
+
+def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args, it: int) -> tuple[dict, int, list[dict]]:
+    """Replay a sample of dreams' actions on real pages (world_model.replay) and compare the world
+    model's completion judgement (the dream reward) with the real reward.
+
+    Returns (metrics, real browser steps taken, records). dream/replay_contradiction: share of replayed dreams whose predicted
+    success differs from the real one; dream/replay_false_success: predicted success that did not
+    happen; dream/replay_start_match: share whose start page was reproduced exactly.
+    Records (for the HTML report): the dream with each turn's `real_observation` and
+    `predicted_success` / `real_success`.
+    """
+    import world_model
+
+    rng = random.Random(args.seed * 7919 + it)
+    pool = [t for t in trajs if not t["env_error"] and t["turns"]]
+    sample = rng.sample(pool, min(args.replay_samples, len(pool)))
+    stats = {"contradiction": 0, "false_success": 0, "start_match": 0, "n": 0, "steps": 0}
+    records = []
+    for t in sample:
+        start = world_model.pick_start_state(states, t["seed"], t["task"])
+        if start.get("seed") is None:
+            continue
+        if not renv_holder:
+            renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1)))
+        r = world_model.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
+        stats["steps"] += r["steps"]
+        if r["env_error"]:
+            continue
+        stats["n"] += 1
+        stats["start_match"] += int(r["start_match"])
+        stats["contradiction"] += int(r["success"] != t["success"])
+        stats["false_success"] += int(t["success"] and not r["success"])
+        turns = [{k: v for k, v in u.items() if k not in ("prompt_ids", "response_ids", "response_logprobs")}
+                 for u in t["turns"]]
+        obs_after = r["observations"] + [None] * (len(turns) - len(r["observations"]))
+        # turn k shows the page the agent acted on; the real page after step k-1 is its counterpart
+        for k, u in enumerate(turns):
+            u["real_observation"] = u["observation"] if k == 0 else obs_after[k - 1]
+        records.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
+                        "predicted_success": t["success"], "real_success": r["success"],
+                        "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
+    n = max(1, stats["n"])
+    return ({"dream/replay_contradiction": stats["contradiction"] / n, "dream/replay_false_success": stats["false_success"] / n,
+             "dream/replay_start_match": stats["start_match"] / n, "dream/replayed": stats["n"]}, stats["steps"], records)
+
+
+def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, device, world) -> dict:
+    """One policy update on this rank's imagined trajectories plus its real expert trajectories.
+
+    How real expert trajectories enter the loss. Default (--expert-loss nll): a likelihood term
+    weighted by their share of the batch, loss = (1 - share) * L_gspo + share * L_nll. An expert
+    trajectory has no group of its own: every one succeeds, so a group-normalised advantage would
+    be zero and it would teach nothing; the likelihood term keeps the policy on real pages'
+    behaviour whatever the world model gets wrong, which is what the real data is there for.
+    --expert-loss gspo instead makes them GSPO samples with advantage 1 - (mean dream reward):
+    off-policy, clipped by the sequence ratio like every other sample.
+    """
+    ok = [t for t in trajs if not t["env_error"]]
+    n_dream, n_real = all_sum(len(ok), world), all_sum(len(real), world)
+    share = n_real / max(1.0, n_real + n_dream)
+    nll, expert_trajs = [], []
+    if args.expert_loss == "nll":
+        nll = [s for t in real for s in expert_turns(t, tok, args)]
+    else:
+        base = all_sum(sum(t["reward"] for t in ok), world) / n_dream if n_dream else 0.0
+        for k, t in enumerate(real):
+            turns = [{"prompt_ids": p, "response_ids": r} for p, r in expert_turns(t, tok, args)]
+            expert_trajs.append({"task": t["task"], "seed": f"expert-{k}", "turns": turns,
+                                 "reward": 1.0, "success": True, "env_error": False, "advantage": 1.0 - base})
+    stats = policy_update(model, None, opt, tok, trajs + expert_trajs, args, device, world, nll=nll, nll_coef=share,
+                          rl_scale=1.0 - share if args.expert_loss == "nll" else 1.0)
+    stats.update({"dream/trajectories": n_dream, "dream/real_trajectories": n_real, "dream/real_share": share})
+    return stats
+
+
+def train_dream(args, rank, world, device, logger):
+    """--mode dream: DynaWeb's loop. Each iteration: imagined groups from DreamEnv (rollout.py,
+    the same asynchronous collector as real mode), plus real expert trajectories at --real-ratio,
+    then one policy update (GSPO by default). Real browser steps (the replay checks) are counted
+    apart from imagined ones."""
+    import world_model
+
+    resume = latest_checkpoint(args.out) if args.resume else None
+    model, tok = build_model(args, device, path=resume)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
+    gen = policy.make_generator(args.generator, model, tok, bf16=bool(args.bf16) and device.type == "cuda",
+                                gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
+                                max_model_len=args.max_prompt_tokens + args.max_new_tokens)
+    it, real_steps, dream_steps = 0, 0, 0
+    if resume:
+        state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
+        it = restore_state(resume, opt, state, rank)
+        real_steps, dream_steps = state["extra"].get("env_steps", 0), state["extra"].get("dream_steps", 0)
+        logger.truncate(it)
+    experts = expert_trajectories(args.demos, args) if args.real_ratio > 0 else []
+    if args.real_ratio > 0 and not experts:
+        raise ValueError(f"{args.demos} holds no successful expert trajectory for tasks {args.tasks}")
+    pool, states = None, []
+    if args.real_ratio < 1:
+        if not os.path.exists(args.transitions):
+            raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
+                                    "`python world_model.py --collect runs/transitions.jsonl`")
+        states = [s for s in world_model.start_states(world_model.load_transitions(args.transitions))
+                  if s["task"] in args.tasks]
+        missing = sorted(set(args.tasks) - {s["task"] for s in states})
+        if missing:
+            raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
+        wm, wm_tok = policy.load_model(args.world_model, device=device)
+        wm.eval().requires_grad_(False)
+        pool = EnvWorkers(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len,
+                                                            bf16=bool(args.bf16) and device.type == "cuda"),
+                          tok, num_envs=args.num_envs, step_timeout=args.step_timeout)
+    print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length {args.dream_len}, "
+                 f"loss {args.loss}, expert loss {args.expert_loss}, world {world}")
+    renv: list = []  # one real browser for the replay checks, opened on first use
+    replays_path = os.path.join(args.out, "dream_replays.jsonl")
+    try:
+        bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)
+        while it < args.iterations:
+            t0 = time.time()
+            jobs, real = dream_batch(args, it, rank, world, experts)
+            trajs, rstats = [], {}
+            with policy.full_params(model, opt):  # --fsdp: full weights on every rank through rollout and update
+                if jobs:
+                    trajs, rstats = rollout(gen, tok, pool, jobs, temperature=args.temperature,
+                                            max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
+                                            compress_context=not args.no_compress,
+                                            max_prompt_tokens=args.max_prompt_tokens, system=args.system,
+                                            source="dream", progress=rank == 0, desc=f"dream {it}")
+                t_roll = time.time() - t0
+                lstats = dream_update(model, opt, tok, trajs, real, args, device, world)
+            gen.push_weights(model)  # the next rollout samples from the updated policy
+            ok = [t for t in trajs if not t["env_error"]]
+            replay_m, steps_now, records = {}, 0, []
+            if args.replay_every and (it + 1) % args.replay_every == 0 and args.real_ratio < 1:  # on every rank together
+                replay_m, steps_now, records = replay_dreams(ok, states, renv, args, it + 1)
+            it += 1
+            real_steps += int(all_sum(steps_now, world))
+            dream_steps += int(all_sum(rstats.get("env_steps", 0), world))
+            m = all_mean({"rollout/success": np.mean([t["success"] for t in ok]) if ok else 0.0,
+                          "rollout/turns": np.mean([t["steps"] for t in ok]) if ok else 0.0,
+                          "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for t in ok for u in t["turns"]] or [0]),
+                          "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
+                          "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
+                          "perf/env_s": rstats.get("env_s", 0.0), **lstats}, world)
+            if replay_m:  # every rank replays at the same iterations, so this collective matches
+                m.update(all_mean(replay_m, world))
+            m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
+            logger.log(m, it)
+            if rank == 0 and records:
+                with open(replays_path, "a") as f:
+                    for r in records:
+                        f.write(json.dumps(r) + "\n")
+            bar.update(1)
+            bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.4f}")
+            extra = {"env_steps": real_steps, "dream_steps": dream_steps}
+            if it % args.save_every == 0 or it == args.iterations:
+                save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, extra, args.keep_ckpts, rank, world,
+                                prompt_settings(args))
+        bar.close()
+        save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": real_steps, "dream_steps": dream_steps},
+                        args.keep_ckpts, rank, world, prompt_settings(args))
+    finally:
+        if pool is not None:
+            pool.close()
+        for e in renv:
+            e.close()
+    return model
+
+
+def policy_update(model, ref, opt, tok, trajs, args, device, world, *, nll=None, nll_coef: float = 0.0,
+                  rl_scale: float = 1.0) -> dict:
     """One policy update on this rank's trajectories with --loss mgrpo or gspo.
 
     Each turn is a sample (its prompt ids + its reply ids, exactly as generated). Micro-batches
     are built from whole trajectories, which GSPO's sequence ratio needs and M-GRPO does not mind.
+    Advantages are group-normalised over (task, seed); a trajectory with an "advantage" key keeps
+    that value instead (dream mode's expert trajectories under --expert-loss gspo).
+
+    Dream mode adds `nll`, (prompt ids, reply ids) samples of real expert turns, whose token-mean
+    negative log-likelihood enters each optimizer step with weight `nll_coef`, while the RL loss is
+    scaled by `rl_scale`: loss = rl_scale * L_rl + nll_coef * L_nll.
     """
+    nll = nll or []
     trajs = [t for t in trajs if not t["env_error"] and any(u["response_ids"] for u in t["turns"])]  # env_error: neither success nor failure
     rewards = torch.tensor([t["reward"] for t in trajs], dtype=torch.float32)
     adv, zero_var = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in trajs])
+    for i, t in enumerate(trajs):
+        if "advantage" in t:
+            adv[i] = t["advantage"]
     stats = {"rollout/reward": float(rewards.mean()) if len(trajs) else 0.0, "rollout/zero_var_groups": zero_var}
     samples = [(i, u["prompt_ids"], u["response_ids"]) for i, t in enumerate(trajs) for u in t["turns"] if u["response_ids"]]
     # a turn with no reply token has an all-zero loss mask: skipped (it would divide by zero), and counted
@@ -487,10 +763,11 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
     for epoch in range(args.ppo_epochs):
         perm = live[:]
         rng.shuffle(perm)
-        for chunk in [perm[k::args.minibatches] for k in range(args.minibatches)]:
+        for k_mb, chunk in enumerate([perm[k::args.minibatches] for k in range(args.minibatches)]):
+            nll_chunk = nll[k_mb::args.minibatches]
             # Every rank runs the same number of optimizer steps and collectives, with or without
             # work of its own (average_gradients gives a rank without gradients zeros).
-            if all_sum(len(chunk), world) == 0:
+            if all_sum(len(chunk) + len(nll_chunk), world) == 0:
                 # No rank has a trajectory with signal: stepping AdamW on zero gradients would still
                 # move the weights along its stale moments. Every rank takes this branch together.
                 continue
@@ -521,12 +798,19 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world) -> dict:
                     loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=args.clip_low, clip_high=args.clip_high,
                                                ref_logp=ref_lp, kl_coef=args.kl_coef)
                     share = s["weight"]
-                loss.backward()
+                (loss * rl_scale).backward()
                 agg["loss/policy"] += loss.item() / n_updates
                 agg["loss/ratio"] += s["ratio"] * share
                 agg["loss/clip_frac"] += s["clip_frac"] * share
                 agg["loss/kl"] += s.get("kl", 0.0) * share
                 shares += share
+            n_nll_tok = sum(len(r) for _, r in nll_chunk)
+            for mb in range(0, len(nll_chunk), args.micro_batch):  # real expert turns: -log p(reply)
+                batch = [(None, p, r) for p, r in nll_chunk[mb:mb + args.micro_batch]]
+                logp, rm, _ = score(model, tok, batch, args, device)
+                loss = -(logp * rm).sum() / n_nll_tok
+                (loss * nll_coef).backward()
+                agg["loss/nll"] = agg.get("loss/nll", 0.0) + loss.item() / n_updates
             average_gradients(model, world)
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
@@ -602,6 +886,8 @@ def main(argv=None):
     try:
         if args.mode in ("bc", "wm"):
             train_supervised(args, rank, world, device, logger)
+        elif args.mode == "dream":
+            train_dream(args, rank, world, device, logger)
         else:
             train_real(args, rank, world, device, logger)
     finally:
