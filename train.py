@@ -54,6 +54,9 @@ def parse_args(argv=None):
     g.add_argument("--seed", type=int, default=0, help="random seed (each rank adds its rank)")
     g.add_argument("--save-every", type=int, default=5, help="checkpoint every N optimizer steps (bc) or iterations (real)")
     g.add_argument("--keep-ckpts", type=int, default=2, help="how many step checkpoints to keep")
+    g.add_argument("--report-every", type=int, default=5,
+                   help="real/dream: every N iterations (and at the end) write out/report/report.html with the "
+                        "iteration's trajectories, screenshots (real pages), dream replays and curves (0: never)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default=policy.DEFAULT_MODEL, help="default model, a local HF folder or a hub id")
     g.add_argument("--init", default=None, help="checkpoint folder to start from (e.g. runs/bc/final); overrides --model")
@@ -453,6 +456,25 @@ def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
 
 
 # ----------------------------------------------------------------------------- M-GRPO on real pages
+def reporting(args, it: int) -> bool:
+    """Whether iteration `it` (1-based) writes a report: every --report-every, and the last."""
+    return bool(args.report_every) and (it % args.report_every == 0 or it == args.iterations)
+
+
+def maybe_report(args, rank: int, it: int, trajs: list[dict]) -> None:
+    """Every --report-every iterations and at the last, rank 0 writes out/report/report.html
+    (report.py): this iteration's trajectories (rank 0's share) and the run's curves so far."""
+    if rank != 0 or not reporting(args, it):
+        return
+    import report
+
+    try:
+        report.write_report(os.path.join(args.out, "report"), trajs, metrics_path=os.path.join(args.out, "metrics.jsonl"),
+                            title=f"{args.out}: iteration {it} ({args.mode} mode)")
+    except Exception as e:  # a report is for people: it must never end a training run
+        print(f"warning: report at iteration {it} failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def iteration_jobs(args, it: int, rank: int, world: int) -> list[tuple[str, int]]:
     """This rank's (task, seed) groups for iteration `it`, each repeated G times. Groups never
     straddle ranks: rank r takes groups r, r+world, ... of the iteration's list."""
@@ -482,14 +504,19 @@ def train_real(args, rank, world, device, logger):
         it, env_steps = restore_state(resume, opt, state, rank), state["extra"].get("env_steps", 0)
         logger.truncate(it)
     # one long-lived browser per worker thread, any task on each (rollout.py)
-    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=args.max_steps), tok, num_envs=args.num_envs,
-                      step_timeout=args.step_timeout)
+    shots = {"on": False}  # screenshots (about 40 ms a step) only in iterations that write a report
+    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=args.max_steps, screenshots=shots["on"]),
+                      tok, num_envs=args.num_envs, step_timeout=args.step_timeout)
     print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, world {world}")
     try:
         bar = tqdm(total=args.iterations, initial=it, desc="m-grpo", disable=rank != 0)
         while it < args.iterations:
             t0 = time.time()
             jobs = iteration_jobs(args, it, rank, world)
+            shots["on"] = reporting(args, it + 1)
+            for w in pool.workers:
+                if w.env is not None:
+                    w.env.screenshots = shots["on"]
             # --fsdp: every rank holds the full weights through rollout and update (policy.full_params)
             with policy.full_params(model, opt):
                 trajs, rstats = rollout(gen, tok, pool, jobs, temperature=args.temperature,
@@ -512,6 +539,7 @@ def train_real(args, rank, world, device, logger):
             logger.log(m, it)
             bar.update(1)
             bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.3f}")
+            maybe_report(args, rank, it, trajs)
             if it % args.save_every == 0 or it == args.iterations:
                 save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, {"env_steps": env_steps},
                                 args.keep_ckpts, rank, world, prompt_settings(args))
@@ -580,6 +608,7 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
         # turn k shows the page the agent acted on; the real page after step k-1 is its counterpart
         for k, u in enumerate(turns):
             u["real_observation"] = u["observation"] if k == 0 else obs_after[k - 1]
+        t["replayed"] = True  # the report shows the record (with the real pages) instead
         records.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
                         "predicted_success": t["success"], "real_success": r["success"],
                         "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
@@ -697,6 +726,7 @@ def train_dream(args, rank, world, device, logger):
                         f.write(json.dumps(r) + "\n")
             bar.update(1)
             bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.4f}")
+            maybe_report(args, rank, it, records + [t for t in trajs if not t.get("replayed")])
             extra = {"env_steps": real_steps, "dream_steps": dream_steps}
             if it % args.save_every == 0 or it == args.iterations:
                 save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, extra, args.keep_ckpts, rank, world,

@@ -140,7 +140,7 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                         "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",
                         "--iterations", "2", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
                         "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "2", "--replay-samples", "1",
-                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out],
+                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -156,5 +156,7 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
     rec = [json.loads(line) for line in open(os.path.join(out, "dream_replays.jsonl"))]
     assert len(rec) == 1 and rec[0]["source"] == "dream" and "real_observation" in rec[0]["turns"][0]
+    html = open(os.path.join(out, "report", "report.html")).read()  # iteration 2's report, the replayed dream in it
+    assert "data-source='dream'" in html and "predicted success" in html
     state = torch.load(os.path.join(out, "final", "trainer_state.pt"), weights_only=False)
     assert state["extra"]["dream_steps"] == ms[-1]["dream/steps"]

@@ -56,6 +56,8 @@ def test_torchrun_two_processes_real_mode(tmp_path):
     assert [m["step"] for m in ms] == [1, 2]
     assert ms[-1]["env/real_steps"] >= 8  # 2 iterations x 2 groups x G=2 x at least one step each
     assert os.path.exists(os.path.join(out, "final", "trainer_state.pt"))
+    html = open(os.path.join(out, "report", "report.html")).read()  # the last iteration's report, real screenshots
+    assert html.count("<section class='episode") == 2 and "data:image/jpeg;base64," in html
 
 
 def synthetic_trajectories(tok):
