@@ -324,9 +324,6 @@ def build_model(args, device, path=None, fsdp=None):
     if fsdp and not (dist.is_initialized() and dist.get_world_size() > 1):
         raise RuntimeError("--fsdp shards the model over torchrun's processes: run "
                            "`torchrun --nproc_per_node N train.py ... --fsdp` with N >= 2 (one process trains plainly without it)")
-    if fsdp and path is not None:
-        raise NotImplementedError(f"--resume from {path} with --fsdp is not supported yet (restore_state would need "
-                                  "torch.distributed.checkpoint's set_optimizer_state_dict); start a new run with --init")
     if path is not None:
         model, tok = policy.load_model(path, device=device)
     elif args.tiny:
@@ -399,7 +396,7 @@ def train_supervised(args, rank, world, device, logger):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps))
     step = 0
     if resume:
-        step = restore_state(resume, opt, rank=rank)
+        step = restore_state(resume, opt, rank=rank, model=model)
         logger.truncate(step)
         sched.last_epoch = step
     print0(rank, f"{tag}: {len(samples)} samples, {total_steps} steps of {args.batch_size}, lr {args.lr}, world {world}")
@@ -501,7 +498,7 @@ def train_real(args, rank, world, device, logger):
     it, env_steps = 0, 0
     if resume:
         state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
-        it, env_steps = restore_state(resume, opt, state, rank), state["extra"].get("env_steps", 0)
+        it, env_steps = restore_state(resume, opt, state, rank, model), state["extra"].get("env_steps", 0)
         logger.truncate(it)
     # one long-lived browser per worker thread, any task on each (rollout.py)
     shots = {"on": False}  # screenshots (about 40 ms a step) only in iterations that write a report
@@ -662,7 +659,7 @@ def train_dream(args, rank, world, device, logger):
     it, real_steps, dream_steps = 0, 0, 0
     if resume:
         state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
-        it = restore_state(resume, opt, state, rank)
+        it = restore_state(resume, opt, state, rank, model)
         real_steps, dream_steps = state["extra"].get("env_steps", 0), state["extra"].get("dream_steps", 0)
         logger.truncate(it)
     experts = expert_trajectories(args.demos, args) if args.real_ratio > 0 else []
@@ -874,10 +871,18 @@ def score(model, tok, batch, args, device):
 
 
 # ----------------------------------------------------------------------------- main
-def restore_state(path: str, opt, state=None, rank: int = 0) -> int:
-    """Load optimizer and this rank's RNG state from a checkpoint; return its step."""
+def restore_state(path: str, opt, state=None, rank: int = 0, model=None) -> int:
+    """Load optimizer and this rank's RNG state from a checkpoint; return its step. With a sharded
+    `model` (--fsdp) the saved full optimizer state (keyed by parameter name) is split to each
+    rank's shards by torch.distributed.checkpoint."""
     state = state or torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-    opt.load_state_dict(state["optimizer"])
+    if model is not None and policy.is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, opt, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        opt.load_state_dict(state["optimizer"])
     rngs = state["rng"]
     if rank < len(rngs):  # a run resumed on more ranks than it had keeps its seeding for the new ones
         r = rngs[rank]

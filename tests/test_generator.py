@@ -157,6 +157,17 @@ def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path):
     assert not torch.allclose(fsdp.model.norm.weight, init.model.norm.weight)
     with open(tmp_path / "fsdp" / "metrics.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1, 2]
+    # --resume under --fsdp: full weights load, then shard; the optimizer state is split to the shards
+    torchrun(base[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "fsdp"), "--fsdp",
+                          "--resume"])
+    with open(tmp_path / "fsdp" / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4]
+    # the same two runs without --fsdp (plain data parallel, whose resume test_train checks) end equal
+    torchrun(base + ["--out", str(tmp_path / "ddp")])
+    torchrun(base[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "ddp"), "--resume"])
+    a, _ = policy.load_model(str(tmp_path / "fsdp" / "final"))
+    b, _ = policy.load_model(str(tmp_path / "ddp" / "final"))
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
 RL_CHECK = r'''
