@@ -33,6 +33,7 @@ setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the defaul
 
 run: demos bc eval-bc real eval-real
 	@cat $(RUNS)/bc/final/eval/results.md $(RUNS)/real/final/eval/results.md
+	@echo "reports: $(RUNS)/bc/final/report/report.html $(RUNS)/real/final/report/report.html (and $(RUNS)/real/report: the last training iteration)"
 
 demos: $(RUNS)/demos.jsonl
 $(RUNS)/demos.jsonl:
@@ -50,9 +51,9 @@ real:
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
 eval-bc:
-	$(TIME) $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS)
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS) --report $(RUNS)/bc/final/report
 eval-real:
-	$(TIME) $(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS)
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS) --report $(RUNS)/real/final/report
 
 # DynaWeb: real transitions -> the Δ world model -> its accuracy -> GSPO in dreams -> eval
 transitions: $(RUNS)/transitions.jsonl $(RUNS)/wm_eval.jsonl
@@ -73,7 +74,7 @@ eval-wm: $(RUNS)/wm_eval.jsonl
 dream:
 	$(TIME) $(TORCHRUN) train.py --mode dream --init $(RUNS)/bc/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --out $(RUNS)/dream --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) $(if $(wildcard $(RUNS)/dream/latest),--resume)
 eval-dream:
-	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream/final --seeds $(SEEDS)
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream/final --seeds $(SEEDS) --report $(RUNS)/dream/final/report
 
 sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
 	$(PY) sweep.py --param real-ratio --values 0,0.2,0.4,0.6,1 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
