@@ -229,3 +229,16 @@ def test_two_envs_one_thread(envs):
     _, rb, _, _ = b.step(f"click('{_bid(ob, 'button', lb)}')")
     _, ra, _, _ = a.step(f"click('{_bid(oa, 'button', la)}')")
     assert ra == rb == 1.0
+
+
+def test_a_script_that_used_a_browser_exits():
+    # A Playwright left running in the main thread once hung the interpreter's exit after the
+    # work was done (world_model.py --collect); env.py stops it at exit.
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import env; e = env.WebEnv('click-button'); e.reset(0); e.close(); print('done')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
