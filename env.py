@@ -28,7 +28,6 @@ What this file adds to BrowserGym (browsergym-core 0.14.3):
 from __future__ import annotations
 
 import ast
-import atexit
 import contextlib
 import inspect
 import logging
@@ -709,19 +708,7 @@ def _playwright() -> playwright.sync_api.Playwright:
         pw = playwright.sync_api.sync_playwright().start()
         pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)  # get_by_test_id() finds bids
         _TLS.pw = pw
-        if threading.current_thread() is threading.main_thread():
-            # A Playwright never stopped can hang the interpreter's exit: seen once in two runs of
-            # `world_model.py --collect`, the main thread waiting forever on Playwright's node driver
-            # after all work was done. Stop it at exit (from its own thread, as the sync API needs).
-            atexit.register(_stop_playwright, pw)
     return pw
-
-
-def _stop_playwright(pw) -> None:
-    try:
-        pw.stop()
-    except Exception as e:  # at exit: say it, never raise
-        logger.debug("stopping Playwright at exit: %s", e)
 
 
 class _Guard:

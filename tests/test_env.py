@@ -232,8 +232,8 @@ def test_two_envs_one_thread(envs):
 
 
 def test_a_script_that_used_a_browser_exits():
-    # A Playwright left running in the main thread once hung the interpreter's exit after the
-    # work was done (world_model.py --collect); env.py stops it at exit.
+    # Stopping the main thread's Playwright in an atexit hook made every such script hang at exit
+    # (tried against a hang seen once at the end of `world_model.py --collect`): keep it out.
     import os
     import subprocess
     import sys
