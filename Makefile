@@ -78,6 +78,8 @@ eval-dream:
 
 sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
 	$(PY) sweep.py --param real-ratio --values 0,0.2,0.4,0.6,1 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	@# dream length 5 at real ratio 0.4 is the same run as the first sweep's 0.4 point: reuse it
+	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
 	$(PY) sweep.py --param dream-len --values 1,3,5,8 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
 test:
