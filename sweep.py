@@ -84,7 +84,14 @@ def main(argv=None):
     base = None
     if args.baseline and os.path.exists(args.baseline):
         with open(args.baseline) as f:
-            base = json.load(f)["mean"]
+            rows_b = json.load(f)["tasks"]
+        # the starting checkpoint's success on the swept tasks only (its results may cover more)
+        done = [rows_b[t] for t in args.tasks.split(",") if t in rows_b]
+        s, n = sum(r["successes"] for r in done), sum(r["n"] for r in done)
+        if n:
+            from eval import wilson
+
+            base = {"success": s / n, "ci95": list(wilson(s, n)), "n": n}
     cmd = "python sweep.py " + " ".join(argv)
     lines = [f"`{cmd}`", "", f"| --{args.param} | success | 95% CI | episodes | real steps | dream steps | train s |",
              "|---|---|---|---|---|---|---|"]
