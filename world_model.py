@@ -542,7 +542,7 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
 
 def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_tokens: int = 256, *,
                   goals: list[str] | None = None, max_prompt_tokens: int = 1024, batch_size: int = 8,
-                  bf16: bool = False) -> list[str]:
+                  bf16: bool = False, progress: bool = False) -> list[str]:
     """Greedy Δ for each (state, action), batched through policy.generate.
 
     states: env.Obs or dicts with goal (unless `goals` is given), url and axtree. Returns the Δ
@@ -554,14 +554,22 @@ def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_to
         return []
     goals = goals if goals is not None else [as_state(s)["goal"] for s in states]
     prompts = [wm_prompt(tokenizer, g, s, a, max_prompt_tokens) for g, s, a in zip(goals, states, actions)]
-    samples = policy.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=0.0,
-                              batch_size=batch_size, bf16=bf16)
+    from tqdm import tqdm
+
+    samples = []
+    with tqdm(total=len(prompts), desc="Δ", disable=not progress, leave=False) as bar:
+        for k in range(0, len(prompts), 4 * batch_size):  # chunks only for the progress bar
+            chunk = prompts[k:k + 4 * batch_size]
+            samples += policy.generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, temperature=0.0,
+                                       batch_size=batch_size, bf16=bf16)
+            bar.update(len(chunk))
     return [s.text.rsplit("\n", 1)[0] if s.truncated and "\n" in s.text else ("" if s.truncated else s.text)
             for s in samples]
 
 
 def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_tokens: int = 256,
-                         batch_size: int = 8, max_prompt_tokens: int = 1024, by_task: bool = False) -> dict:
+                         batch_size: int = 8, max_prompt_tokens: int = 1024, by_task: bool = False,
+                         progress: bool = False) -> dict:
     """Score greedy Δ predictions against real transitions.
 
     Returns {wm/exact_match: share whose apply(o_t, Δ̂) equals o_{t+1} (url and tree),
@@ -575,7 +583,7 @@ def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_t
         return {"wm/n": 0}
     preds = predict_delta(model, tokenizer, [dict(t["obs"], goal=t["goal"]) for t in transitions],
                           [t["action"] for t in transitions], max_new_tokens, batch_size=batch_size,
-                          max_prompt_tokens=max_prompt_tokens)
+                          max_prompt_tokens=max_prompt_tokens, progress=progress)
     res = score_predictions(transitions, preds)
     if by_task:
         res["by_task"] = {task: score_predictions([t for t in transitions if t["task"] == task],
@@ -631,7 +639,7 @@ def tree_f1(a: str, b: str) -> float:
 
 
 def drift(model, tokenizer, transitions: list[dict], k_max: int = 5, *, max_new_tokens: int = 256,
-          batch_size: int = 8) -> dict:
+          batch_size: int = 8, progress: bool = False) -> dict:
     """How far k imagined steps drift from the real pages, k = 1..k_max (DynaWeb's compounding error).
 
     For every recorded real episode with at least k steps, start from its first page, apply the
@@ -648,7 +656,8 @@ def drift(model, tokenizer, transitions: list[dict], k_max: int = 5, *, max_new_
         if not live:
             break
         preds = predict_delta(model, tokenizer, [states[i] for i in live], [eps[i][k - 1]["action"] for i in live],
-                              max_new_tokens, goals=[eps[i][0]["goal"] for i in live], batch_size=batch_size)
+                              max_new_tokens, goals=[eps[i][0]["goal"] for i in live], batch_size=batch_size,
+                              progress=progress)
         exact, f1 = 0, 0.0
         for i, d in zip(live, preds):
             o, _ = apply(states[i], d)
@@ -776,8 +785,9 @@ if __name__ == "__main__":
         m, tok = policy.load_model(a.eval)
         data = [t for t in load_transitions(a.data) if t["task"] in tasks]
         t0 = time.time()
-        one = evaluate_world_model(m, tok, data, by_task=True)
-        res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, data, a.drift),
+        one = evaluate_world_model(m, tok, data, by_task=True, progress=True)
+        print(json.dumps(one, indent=1), flush=True)
+        res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, data, a.drift, progress=True),
                "data": a.data, "checkpoint": a.eval, "seconds": time.time() - t0}
         out = a.out or os.path.join(a.eval, "wm_eval.json")
         with open(out, "w") as f:
