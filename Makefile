@@ -8,6 +8,7 @@ DEMOS   ?= 20
 SEEDS   ?= 20
 ITERS   ?= 10
 WM_SEEDS ?= 40
+WM_EPOCHS ?= 1.5
 RATIO   ?= 0.4
 DREAM_LEN ?= 5
 DREAM_LR ?= 5e-5
@@ -69,7 +70,7 @@ $(RUNS)/wm_eval.jsonl:
 	mv $@.tmp $@
 
 wm: $(RUNS)/transitions.jsonl
-	$(TIME) $(TORCHRUN) train.py --mode wm --transitions $(RUNS)/transitions.jsonl --out $(RUNS)/wm $(if $(wildcard $(RUNS)/wm/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode wm --transitions $(RUNS)/transitions.jsonl --out $(RUNS)/wm --epochs $(WM_EPOCHS) $(if $(wildcard $(RUNS)/wm/latest),--resume)
 eval-wm: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) world_model.py --eval $(RUNS)/wm/final --data $(RUNS)/wm_eval.jsonl
 
