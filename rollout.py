@@ -62,9 +62,12 @@ class _Worker(threading.Thread):
         self.current: tuple | None = None  # (batch, job index, trajectory) being collected
 
     def run(self):
-        while True:
+        while not self.abandoned:  # an abandoned worker must not take a job on its way out: it would be lost
             item = self.pool.jobs.get()
-            if item is None or self.abandoned:
+            if item is None:
+                break
+            if self.abandoned:  # (abandonment happens during a step, so this is only a safety net)
+                self.pool.jobs.put(item)
                 break
             batch, j, task, seed = item
             traj = self.episode(batch, j, task, seed)

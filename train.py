@@ -677,9 +677,11 @@ def train_dream(args, rank, world, device, logger):
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
         wm, wm_tok = policy.load_model(args.world_model, device=device)
         wm.eval().requires_grad_(False)
+        # A dream step waits for the world model's lock behind up to num_envs - 1 others (DreamEnv),
+        # so its time limit scales with them; a dream has no page that can hang.
         pool = EnvWorkers(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len,
                                                             bf16=bool(args.bf16) and device.type == "cuda"),
-                          tok, num_envs=args.num_envs, step_timeout=args.step_timeout)
+                          tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
     print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length {args.dream_len}, "
                  f"loss {args.loss}, expert loss {args.expert_loss}, world {world}")
     renv: list = []  # one real browser for the replay checks, opened on first use

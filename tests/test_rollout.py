@@ -87,3 +87,42 @@ def test_a_hung_browser_times_out_as_env_error(agent):
     hung = [t for t in trajs if t["env_error"]]
     assert [t["seed"] for t in hung] == [frozen["seed"]] and "timed out" in hung[0]["error"]
     assert all(t is not None for t in trajs) and stats.get("env_timeouts") == 1
+
+
+class _SlowFirstStep:
+    """A browser-free environment: one-step episodes of 0.2 s; the very first step hangs 2 s."""
+    slept = False
+
+    def __init__(self, task):
+        self.task = task
+
+    def reset(self, seed, task=None):
+        return webenv.Obs(goal="Click OK.", url="x.html", axtree="[1] button 'OK'")
+
+    def step(self, text):
+        if not _SlowFirstStep.slept:
+            _SlowFirstStep.slept = True
+            time.sleep(2.0)
+        time.sleep(0.2)
+        return webenv.Obs(goal="Click OK.", url="x.html", axtree=""), 1.0, True, {"success": True, "env_error": False}
+
+    def close(self):
+        pass
+
+
+def test_a_timed_out_worker_takes_no_job_on_its_way_out(agent):
+    # The watchdog abandons the slow worker and starts a fresh one. When the abandoned thread wakes
+    # up it must not take a queued job: that job would be lost and the rollout would wait forever
+    # (seen in dream mode, where steps wait on the world model's lock).
+    model, tok = agent
+    workers = EnvWorkers(_SlowFirstStep, tok, num_envs=1, step_timeout=0.5)
+    out = {}
+    jobs = [("click-button", i) for i in range(12)]  # still queued when the slow step ends
+    runner = threading.Thread(target=lambda: out.update(r=rollout(model, tok, workers, jobs, max_new_tokens=4)),
+                              daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    workers.close()
+    assert not runner.is_alive(), "the rollout never finished: a job was lost"
+    trajs, stats = out["r"]
+    assert [t["env_error"] for t in trajs] == [True] + [False] * 11 and stats["env_timeouts"] == 1
