@@ -75,8 +75,15 @@ def main(argv=None):
     values = [v.strip() for v in args.values.split(",") if v.strip()]
     rows = []
     for v in values:
-        r = run_point(args, v, extra)
+        try:
+            r = run_point(args, v, extra)
+        except subprocess.CalledProcessError as e:  # one failed point, not a failed sweep
+            print(f"{args.param} {v}: failed ({e}); the other points go on", file=sys.stderr, flush=True)
+            continue
         m = r["mean"]
+        if m["success"] is None:  # every episode an env_error: nothing measured
+            print(f"{args.param} {v}: no episode measured (all env_error)", file=sys.stderr, flush=True)
+            continue
         rows.append({"value": float(v), "success": m["success"], "ci95": m["ci95"], "n": m["n"],
                      "real_steps": r["real_steps"], "dream_steps": r["dream_steps"],
                      "train_seconds": r.get("train_seconds")})

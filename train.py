@@ -74,7 +74,7 @@ def parse_args(argv=None):
                         "engine per rank; weights pushed after every update)")
     g.add_argument("--vllm-memory", type=float, default=0.3, help="--generator vllm: fraction of the GPU vLLM takes (weights + KV cache)")
     g.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the torchrun "
-                   "ranks (FSDP2), for models too big for DDP; needs torchrun with 2+ processes; no --resume yet")
+                   "ranks (FSDP2), for models too big for DDP; needs torchrun with 2+ processes")
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4 bc and wm, 1e-5 real; x10 with LoRA)")
     g.add_argument("--batch-size", type=int, default=32, help="bc: samples (turns) per optimizer step, all ranks")
@@ -510,7 +510,7 @@ def train_real(args, rank, world, device, logger):
         while it < args.iterations:
             t0 = time.time()
             jobs = iteration_jobs(args, it, rank, world)
-            shots["on"] = reporting(args, it + 1)
+            shots["on"] = rank == 0 and reporting(args, it + 1)  # only rank 0 writes the report
             for w in pool.workers:
                 if w.env is not None:
                     w.env.screenshots = shots["on"]
@@ -561,8 +561,8 @@ def dream_batch(args, it: int, rank: int, world: int, experts: list[dict]) -> tu
     n_real = round(args.real_ratio * total)
     n_groups = round((total - n_real) / args.group_size)
     rng = random.Random(args.seed * 1_000_003 + it)  # the same draw on every rank
-    groups = [(args.tasks[(it * args.groups_per_iter + g) % len(args.tasks)], rng.choice(webenv.TRAIN_SEEDS))
-              for g in range(n_groups)]
+    groups = [(args.tasks[(it * n_groups + g) % len(args.tasks)], rng.choice(webenv.TRAIN_SEEDS))
+              for g in range(n_groups)]  # cycle through the suite: every task gets its turn
     real = [experts[rng.randrange(len(experts))] for _ in range(n_real)] if experts else []
     jobs = [job for job in groups[rank::world] for _ in range(args.group_size)]
     return jobs, real[rank::world]
@@ -572,9 +572,10 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
     """Replay a sample of dreams' actions on real pages (world_model.replay) and compare the world
     model's completion judgement (the dream reward) with the real reward.
 
-    Returns (metrics, real browser steps taken, records). dream/replay_contradiction: share of replayed dreams whose predicted
-    success differs from the real one; dream/replay_false_success: predicted success that did not
-    happen; dream/replay_start_match: share whose start page was reproduced exactly.
+    Returns (counts, real browser steps taken, records). counts: replayed (dreams replayed without
+    an env_error), matched (whose start page was reproduced exactly on real pages), and, among the
+    matched only, contradiction (predicted success differs from the real one) and false_success
+    (predicted success that did not happen); train_dream sums them over ranks into rates.
     Records (for the HTML report): the dream with each turn's `real_observation` and
     `predicted_success` / `real_success`.
     """
@@ -583,7 +584,8 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
     rng = random.Random(args.seed * 7919 + it)
     pool = [t for t in trajs if not t["env_error"] and t["turns"]]
     sample = rng.sample(pool, min(args.replay_samples, len(pool)))
-    stats = {"contradiction": 0, "false_success": 0, "start_match": 0, "n": 0, "steps": 0}
+    stats = {"contradiction": 0, "false_success": 0, "matched": 0, "replayed": 0}
+    steps = 0
     records = []
     for t in sample:
         start = world_model.pick_start_state(states, t["seed"], t["task"])
@@ -592,13 +594,14 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
         if not renv_holder:
             renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1)))
         r = world_model.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
-        stats["steps"] += r["steps"]
+        steps += r["steps"]
         if r["env_error"]:
             continue
-        stats["n"] += 1
-        stats["start_match"] += int(r["start_match"])
-        stats["contradiction"] += int(r["success"] != t["success"])
-        stats["false_success"] += int(t["success"] and not r["success"])
+        stats["replayed"] += 1
+        if r["start_match"]:  # otherwise the real outcome says nothing about the world model
+            stats["matched"] += 1
+            stats["contradiction"] += int(r["success"] != t["success"])
+            stats["false_success"] += int(t["success"] and not r["success"])
         turns = [{k: v for k, v in u.items() if k not in ("prompt_ids", "response_ids", "response_logprobs")}
                  for u in t["turns"]]
         obs_after = r["observations"] + [None] * (len(turns) - len(r["observations"]))
@@ -609,9 +612,7 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
         records.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
                         "predicted_success": t["success"], "real_success": r["success"],
                         "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
-    n = max(1, stats["n"])
-    return ({"dream/replay_contradiction": stats["contradiction"] / n, "dream/replay_false_success": stats["false_success"] / n,
-             "dream/replay_start_match": stats["start_match"] / n, "dream/replayed": stats["n"]}, stats["steps"], records)
+    return stats, steps, records
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, device, world) -> dict:
@@ -637,7 +638,8 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, dev
             turns = [{"prompt_ids": p, "response_ids": r} for p, r in expert_turns(t, tok, args)]
             expert_trajs.append({"task": t["task"], "seed": f"expert-{k}", "turns": turns,
                                  "reward": 1.0, "success": True, "env_error": False, "advantage": 1.0 - base})
-    stats = policy_update(model, None, opt, tok, trajs + expert_trajs, args, device, world, nll=nll, nll_coef=share,
+    stats = policy_update(model, None, opt, tok, trajs + expert_trajs, args, device, world, nll=nll,
+                          nll_coef=share if args.expert_loss == "nll" else 0.0,
                           rl_scale=1.0 - share if args.expert_loss == "nll" else 1.0)
     stats.update({"dream/trajectories": n_dream, "dream/real_trajectories": n_real, "dream/real_share": share})
     return stats
@@ -686,6 +688,11 @@ def train_dream(args, rank, world, device, logger):
                  f"loss {args.loss}, expert loss {args.expert_loss}, world {world}")
     renv: list = []  # one real browser for the replay checks, opened on first use
     replays_path = os.path.join(args.out, "dream_replays.jsonl")
+    if resume and rank == 0 and os.path.exists(replays_path):  # like metrics.jsonl: drop what is redone
+        with open(replays_path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line).get("iteration", 0) <= it]
+        with open(replays_path, "w") as f:
+            f.writelines(kept)
     try:
         bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)
         while it < args.iterations:
@@ -703,9 +710,9 @@ def train_dream(args, rank, world, device, logger):
                 lstats = dream_update(model, opt, tok, trajs, real, args, device, world)
             gen.push_weights(model)  # the next rollout samples from the updated policy
             ok = [t for t in trajs if not t["env_error"]]
-            replay_m, steps_now, records = {}, 0, []
+            replay_c, steps_now, records = {}, 0, []
             if args.replay_every and (it + 1) % args.replay_every == 0 and args.real_ratio < 1:  # on every rank together
-                replay_m, steps_now, records = replay_dreams(ok, states, renv, args, it + 1)
+                replay_c, steps_now, records = replay_dreams(ok, states, renv, args, it + 1)
             it += 1
             real_steps += int(all_sum(steps_now, world))
             dream_steps += int(all_sum(rstats.get("env_steps", 0), world))
@@ -715,8 +722,11 @@ def train_dream(args, rank, world, device, logger):
                           "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
                           "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
                           "perf/env_s": rstats.get("env_s", 0.0), **lstats}, world)
-            if replay_m:  # every rank replays at the same iterations, so this collective matches
-                m.update(all_mean(replay_m, world))
+            if replay_c:  # every rank replays at the same iterations, so these collectives match
+                c = {k: all_sum(v, world) for k, v in sorted(replay_c.items())}
+                m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),
+                          "dream/replay_contradiction": c["contradiction"] / max(1, c["matched"]),
+                          "dream/replay_false_success": c["false_success"] / max(1, c["matched"])})
             m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
             logger.log(m, it)
             if rank == 0 and records:
@@ -787,6 +797,8 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world, *, nll=None,
                     old[k] = lp[j, L - len(samples[k][2]):]  # this sample's reply tokens only
     model.train()
     agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0}
+    if nll_coef:  # the same keys on every rank, with or without expert samples of its own (all_mean)
+        agg["loss/nll"] = 0.0
     rng = random.Random(len(samples) * 1_000_003 + len(trajs))
     shares = 0.0  # ratio, clip fraction and KL are averaged with the weight each micro-batch carries
     for epoch in range(args.ppo_epochs):
@@ -839,7 +851,7 @@ def policy_update(model, ref, opt, tok, trajs, args, device, world, *, nll=None,
                 logp, rm, _ = score(model, tok, batch, args, device)
                 loss = -(logp * rm).sum() / n_nll_tok
                 (loss * nll_coef).backward()
-                agg["loss/nll"] = agg.get("loss/nll", 0.0) + loss.item() / n_updates
+                agg["loss/nll"] += loss.item() / n_updates
             average_gradients(model, world)
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()

@@ -160,3 +160,14 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
     assert "data-source='dream'" in html and "predicted success" in html
     state = torch.load(os.path.join(out, "final", "trainer_state.pt"), weights_only=False)
     assert state["extra"]["dream_steps"] == ms[-1]["dream/steps"]
+
+
+def test_every_task_gets_its_turn_of_dreams():
+    # 5 dream groups an iteration (ratio 0.4) over 8 tasks: in 8 iterations each task gets 5 groups
+    tasks = ["click-button", "click-link", "click-dialog", "click-dialog-2", "click-tab", "click-tab-2",
+             "enter-text", "focus-text"]
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--tasks", ",".join(tasks)])
+    from collections import Counter
+
+    seen = Counter(task for it in range(8) for task, _ in train.dream_batch(args, it, 0, 1, [{}])[0][::4])
+    assert seen == {t: 5 for t in tasks}
