@@ -13,6 +13,8 @@ RATIO   ?= 0.4
 DREAM_LEN ?= 5
 DREAM_LR ?= 5e-5
 SWEEP_ITERS ?= 2
+RATIOS ?= 0,0.2,0.4,0.6,1
+LENS ?= 1,3,5,8
 SWEEP_SEEDS ?= 4
 # the sweeps run on the tasks where BC leaves room to improve (5-30% after BC); SWEEP_TASKS= for all
 SWEEP_TASKS ?= click-button,click-link,click-dialog-2,click-tab,click-tab-2,click-checkboxes,click-option
@@ -80,10 +82,10 @@ eval-dream:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream/final --seeds $(SEEDS) --report $(RUNS)/dream/final/report
 
 sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
-	$(PY) sweep.py --param real-ratio --values 0,0.2,0.4,0.6,1 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param real-ratio --values $(RATIOS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 	@# dream length 5 at real ratio 0.4 is the same run as the first sweep's 0.4 point: reuse it
 	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
-	$(PY) sweep.py --param dream-len --values 1,3,5,8 --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
 test:
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
