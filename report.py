@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import binascii
 import difflib
 import html
 import json
@@ -202,7 +201,7 @@ def _pct(x) -> str:
 
 def summary_table(summary: dict, caption: str = "") -> str:
     """eval.summarise's dict as an HTML table (success, 95% CI, n, env_error, mean steps)."""
-    out = [f"<table class='summary'>"]
+    out = ["<table class='summary'>"]
     if caption:
         out.append(f"<caption>{_esc(caption)}</caption>")
     out.append("<tr><th>task</th><th>success</th><th>95% CI</th><th>n</th><th>env_error</th><th>mean steps</th></tr>")

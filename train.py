@@ -472,6 +472,18 @@ def maybe_report(args, rank: int, it: int, trajs: list[dict]) -> None:
         print(f"warning: report at iteration {it} failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
+def rollout_metrics(trajs: list[dict], rstats: dict, t_roll: float) -> dict:
+    """One rank's rollout figures for the log: success, turns and parse errors over the episodes that
+    did not end in env_error, the env_error share, and the rollout's timings (seconds)."""
+    ok = [t for t in trajs if not t["env_error"]]
+    return {"rollout/success": np.mean([t["success"] for t in ok]) if ok else 0.0,
+            "rollout/turns": np.mean([t["steps"] for t in ok]) if ok else 0.0,
+            "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for t in ok for u in t["turns"]] or [0]),
+            "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
+            "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
+            "perf/env_s": rstats.get("env_s", 0.0)}
+
+
 def iteration_jobs(args, it: int, rank: int, world: int) -> list[tuple[str, int]]:
     """This rank's (task, seed) groups for iteration `it`, each repeated G times. Groups never
     straddle ranks: rank r takes groups r, r+world, ... of the iteration's list."""
@@ -524,14 +536,8 @@ def train_real(args, rank, world, device, logger):
                 lstats = policy_update(model, ref, opt, tok, trajs, args, device, world)
             gen.push_weights(model)  # the next rollout samples from the updated policy
             it += 1
-            ok = [t for t in trajs if not t["env_error"]]
             env_steps += int(all_sum(rstats.get("env_steps", 0), world))
-            m = all_mean({"rollout/success": np.mean([t["success"] for t in ok]) if ok else 0.0,
-                          "rollout/turns": np.mean([t["steps"] for t in ok]) if ok else 0.0,
-                          "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for t in ok for u in t["turns"]] or [0]),
-                          "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
-                          "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
-                          "perf/env_s": rstats.get("env_s", 0.0), **lstats}, world)
+            m = all_mean({**rollout_metrics(trajs, rstats, t_roll), **lstats}, world)
             m.update({"env/real_steps": env_steps, "perf/iter_s": time.time() - t0})
             logger.log(m, it)
             bar.update(1)
@@ -716,12 +722,7 @@ def train_dream(args, rank, world, device, logger):
             it += 1
             real_steps += int(all_sum(steps_now, world))
             dream_steps += int(all_sum(rstats.get("env_steps", 0), world))
-            m = all_mean({"rollout/success": np.mean([t["success"] for t in ok]) if ok else 0.0,
-                          "rollout/turns": np.mean([t["steps"] for t in ok]) if ok else 0.0,
-                          "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for t in ok for u in t["turns"]] or [0]),
-                          "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
-                          "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
-                          "perf/env_s": rstats.get("env_s", 0.0), **lstats}, world)
+            m = all_mean({**rollout_metrics(trajs, rstats, t_roll), **lstats}, world)
             if replay_c:  # every rank replays at the same iterations, so these collectives match
                 c = {k: all_sum(v, world) for k, v in sorted(replay_c.items())}
                 m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),
