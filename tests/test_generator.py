@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-import compress
 import policy
 from rollout import EnvWorkers, rollout
 
@@ -20,23 +19,8 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return policy.load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return policy.tiny_model(tok)
-
-
-def prompts(tok):
-    return [compress.build_prompt(tok, [], "Goal: click\nURL: file:///a.html\n[3] button 'OK'"),
-            compress.build_prompt(tok, [], "Goal: type hello\nURL: file:///b.html\n[7] textbox ''\n[8] button 'Go'")]
-
-
-def test_hf_generator_is_policy_generate_and_shares_the_weights(tok, model):
-    ps = prompts(tok)
+def test_hf_generator_is_policy_generate_and_shares_the_weights(tok, model, prompts):
+    ps = prompts
     gen = policy.make_generator("hf", model, tok)
     want = policy.generate(model, tok, ps, max_new_tokens=8, temperature=0)
     got = gen.generate(ps, max_new_tokens=8, temperature=0)
@@ -108,7 +92,7 @@ def test_vllm_without_vllm_or_gpu_is_a_clear_error(tok, model, capsys):
             policy.make_generator("vllm", model, tok)
 
 
-def test_merged_weights_of_a_lora_model_give_its_outputs(tok):
+def test_merged_weights_of_a_lora_model_give_its_outputs(tok, prompts):
     from peft import LoraConfig, get_peft_model
 
     base = policy.tiny_model(tok, seed=1)
@@ -120,7 +104,7 @@ def test_merged_weights_of_a_lora_model_give_its_outputs(tok):
     merged = dict(policy.merged_weights(lora))
     assert set(merged) == set(base.state_dict()) and not any("lora" in k for k in merged)
     base.load_state_dict(merged)
-    ids = torch.tensor([prompts(tok)[0]])
+    ids = torch.tensor([prompts[0]])
     with torch.no_grad():
         want, got = lora(input_ids=ids).logits, base(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(policy.tiny_model(tok, seed=1)(input_ids=ids).logits, want)
@@ -140,14 +124,7 @@ def torchrun(args, timeout=240):
     return r
 
 
-def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path):
-    demos = tmp_path / "demos.jsonl"
-    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'\n[13] button 'No'"
-    with open(demos, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"task": "click-button", "seed": i, "goal": "", "source": "expert", "success": True,
-                                "reward": 1.0, "env_error": False,
-                                "turns": [{"observation": obs.format(f"b{i}"), "action": "click('12')", "error": ""}]}) + "\n")
+def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path, demos):
     base = ["train.py", "--mode", "bc", "--tiny", "--demos", str(demos), "--tasks", "click-button", "--batch-size", "4",
             "--micro-batch", "1", "--epochs", "1", "--lr", "1e-3", "--save-every", "1"]
     torchrun(base + ["--out", str(tmp_path / "fsdp"), "--fsdp"])

@@ -1,29 +1,12 @@
 """Sampling and scoring with the real tokenizer and a tiny real model built from a config."""
-import pytest
 import torch
 
-import compress
 import policy
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return policy.load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return policy.tiny_model(tok)
-
-
-def prompts(tok):
-    return [compress.build_prompt(tok, [], "Goal: click\nURL: file:///a.html\n[3] button 'OK'"),
-            compress.build_prompt(tok, [], "Goal: type hello\nURL: file:///b.html\n[7] textbox ''\n[8] button 'Go'")]
-
-
-def test_sampled_logprobs_equal_recomputed_logprobs(tok, model):
+def test_sampled_logprobs_equal_recomputed_logprobs(tok, model, prompts):
     torch.manual_seed(0)
-    ps = prompts(tok)
+    ps = prompts
     samples = policy.generate(model, tok, ps, max_new_tokens=12, temperature=1.0)
     ids, mask, rm, L = policy.response_batch(ps, [s.ids for s in samples], tok.pad_token_id)
     with torch.no_grad():
@@ -35,8 +18,8 @@ def test_sampled_logprobs_equal_recomputed_logprobs(tok, model):
         assert rm[j].sum() == len(s.ids)
 
 
-def test_padding_does_not_change_logprobs(tok, model):
-    ps = prompts(tok)
+def test_padding_does_not_change_logprobs(tok, model, prompts):
+    ps = prompts
     r = [tok.encode("click('3')", add_special_tokens=False) + [tok.eos_token_id]] * 2
     ids, mask, _, L = policy.response_batch(ps, r, tok.pad_token_id)
     with torch.no_grad():
@@ -47,7 +30,7 @@ def test_padding_does_not_change_logprobs(tok, model):
             assert torch.allclose(both[j], alone[0], atol=1e-5)
 
 
-def test_generation_stops_at_end_of_turn(tok, model):
+def test_generation_stops_at_end_of_turn(tok, model, prompts):
     # Force the model to end at once: make <|im_end|> overwhelmingly likely.
     m = policy.tiny_model(tok, seed=1)
     with torch.no_grad():
@@ -55,17 +38,17 @@ def test_generation_stops_at_end_of_turn(tok, model):
         m.model.norm.weight.fill_(1.0)
         bias = torch.zeros(len(tok)); bias[tok.eos_token_id] = 50.0
         m.lm_head.register_forward_hook(lambda mod, i, o: o + bias)
-    s = policy.generate(m, tok, prompts(tok), max_new_tokens=8, temperature=1.0)
+    s = policy.generate(m, tok, prompts, max_new_tokens=8, temperature=1.0)
     for x in s:
         assert x.ids == [tok.eos_token_id] and x.text == "" and not x.truncated
 
 
-def test_length_limit_marks_truncated(tok, model):
+def test_length_limit_marks_truncated(tok, model, prompts):
     with torch.no_grad():
         bias = torch.zeros(len(tok)); bias[tok.eos_token_id] = -1e4
     h = model.lm_head.register_forward_hook(lambda mod, i, o: o + bias)
     try:
-        s = policy.generate(model, tok, prompts(tok), max_new_tokens=5, temperature=1.0)
+        s = policy.generate(model, tok, prompts, max_new_tokens=5, temperature=1.0)
     finally:
         h.remove()
     assert all(len(x.ids) == 5 and x.truncated for x in s)

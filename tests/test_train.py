@@ -21,18 +21,6 @@ def metrics(out):
         return [json.loads(line) for line in f]
 
 
-@pytest.fixture(scope="module")
-def demos(tmp_path_factory):
-    path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
-    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'\n[13] button 'No'"
-    with open(path, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"task": "click-button", "seed": i, "goal": "", "source": "expert", "success": True,
-                                "reward": 1.0, "env_error": False,
-                                "turns": [{"observation": obs.format(f"b{i}"), "action": "click('12')", "error": ""}]}) + "\n")
-    return str(path)
-
-
 def test_bc_runs_and_resumes(tmp_path, demos):
     out = str(tmp_path / "bc")
     base = [sys.executable, "train.py", "--mode", "bc", "--tiny", "--demos", demos, "--out", out, "--tasks", "click-button",
