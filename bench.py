@@ -4,6 +4,8 @@
     python bench.py --only rollout        # rollout throughput for N = 1, 2, 4, 8 browsers + generation ceiling
     python bench.py --only compression    # prompt tokens per turn and training-step memory, with/without compression
     python bench.py --only chaos          # a rollout in which a tenth of the browsers are killed at random
+    python bench.py --only workers        # threads vs processes (rollout.EnvWorkers): env alone, then full rollouts
+                                          # (only on request; --env-only skips the rollouts with the policy)
 
 The policy is a checkpoint (--ckpt, default runs/bc/final when it exists, else the base model):
 a behaviour-cloned model answers in a few tokens like a trained agent does, where the base model
@@ -14,8 +16,10 @@ alone; with compression, turn-10 prompts at most a third of the uncompressed one
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import queue
 import random
 import resource
 import subprocess
@@ -26,8 +30,9 @@ import time
 
 import compress
 import env as webenv
+import experts
 import policy
-from rollout import EnvWorkers, rollout
+from rollout import EnvProcess, EnvWorkers, rollout
 
 
 def log(*a):
@@ -39,16 +44,18 @@ def jobs_for(tasks, n_per_task, offset=0):
     return [(t, s) for s in seeds for t in tasks]
 
 
-def bench_rollout(model, tok, tasks, ns, episodes_per_task, max_steps):
-    """Environment steps per second and trajectories per minute for each N, on the same jobs."""
+def rollout_throughput(model, tok, jobs, ns, max_steps, processes=False, gen_batch=None):
+    """Environment steps per second and trajectories per minute of full rollouts for each N, on the same
+    jobs (threads, or env processes), generating in batches of gen_batch (default max(ns)); also the
+    prompts of the largest N."""
     rows, prompts = [], []
-    jobs = jobs_for(tasks, episodes_per_task)
     for n in ns:
-        workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps), tok, num_envs=n)
+        workers = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=max_steps), tok, num_envs=n,
+                             processes=processes)
         try:
             rollout(model, tok, workers, jobs[:n], temperature=1.0)  # warm up: launch the browsers
             t0 = time.perf_counter()
-            trajs, st = rollout(model, tok, workers, jobs, temperature=1.0, gen_batch=max(ns))
+            trajs, st = rollout(model, tok, workers, jobs, temperature=1.0, gen_batch=gen_batch or max(ns))
             wall = time.perf_counter() - t0
         finally:
             workers.close()
@@ -60,7 +67,14 @@ def bench_rollout(model, tok, tasks, ns, episodes_per_task, max_steps):
                      "mean_batch": st.get("env_steps", 0) / max(1, st.get("generate_calls", 1)),
                      "success": sum(t["success"] for t in trajs) / max(1, len(trajs)),
                      "env_error": sum(t["env_error"] for t in trajs)})
-        log(f"N={n}: {rows[-1]['steps_per_s']:.2f} steps/s, {rows[-1]['traj_per_min']:.1f} traj/min")
+        log(f"N={n}{' (processes)' if processes else ''}: {rows[-1]['steps_per_s']:.2f} steps/s, "
+            f"{rows[-1]['traj_per_min']:.1f} traj/min")
+    return rows, prompts
+
+
+def bench_rollout(model, tok, tasks, ns, episodes_per_task, max_steps):
+    """Environment steps per second and trajectories per minute for each N, on the same jobs."""
+    rows, prompts = rollout_throughput(model, tok, jobs_for(tasks, episodes_per_task), ns, max_steps)
     # the ceiling: the same prompts through generation alone, no browser, batched like the largest N
     t0 = time.perf_counter()
     samples = policy.generate(model, tok, prompts, max_new_tokens=32, temperature=1.0, batch_size=max(ns))
@@ -78,6 +92,80 @@ def bench_rollout(model, tok, tasks, ns, episodes_per_task, max_steps):
     gen = {"one_at_a_time_tok_s": sum(len(s.ids) for s in one) / t_one,
            "batched_16_tok_s": sum(len(s.ids) for s in many) / t_many}
     return rows, ceiling, gen
+
+
+def env_throughput(jobs, n, max_steps, processes):
+    """Env steps per second and episodes per minute of `n` environments stepping at once, with no language
+    model: n driver threads each hold one env (a WebEnv in the thread, or an EnvProcess) and act with the
+    scripted expert (experts.expert_action, seeded per episode; noop() where it has no answer)."""
+    make = functools.partial(webenv.WebEnv, max_steps=max_steps)
+    todo = queue.Queue()
+    for job in jobs:
+        todo.put(job)
+    ready = threading.Barrier(n + 1)  # every browser launched before the clock starts
+    done, lock = [], threading.Lock()
+
+    def episode(env, task, seed):
+        obs, rng = env.reset(seed, task=task), random.Random(seed)
+        steps, end, info = 0, obs.env_error, {"env_error": obs.env_error}
+        while not end:
+            try:
+                action = experts.expert_action(task, obs, rng)
+            except Exception:
+                action = "noop()"
+            obs, _, end, info = env.step(action)
+            steps += 1
+        return steps, bool(info.get("success")), bool(info.get("env_error"))
+
+    def drive():
+        env = None
+        try:
+            env = EnvProcess(make, jobs[0][0]) if processes else make(jobs[0][0])
+            episode(env, *jobs[0])
+            ready.wait()
+            while True:
+                try:
+                    task, seed = todo.get_nowait()
+                except queue.Empty:
+                    break
+                result = episode(env, task, seed)
+                with lock:
+                    done.append((time.perf_counter(), *result))
+        except BaseException:
+            ready.abort()  # the clock never starts: bench fails with BrokenBarrierError, not a hang
+            raise
+        finally:
+            if env is not None:
+                env.close()
+    threads = [threading.Thread(target=drive, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = max(d[0] for d in done) - t0
+    steps = sum(d[1] for d in done)
+    row = {"N": n, "workers": "process" if processes else "thread", "episodes": len(done), "env_steps": steps,
+           "wall_s": wall, "steps_per_s": steps / wall, "episodes_per_min": 60 * len(done) / wall,
+           "success": sum(d[2] for d in done) / max(1, len(done)), "env_error": sum(d[3] for d in done)}
+    log(f"env only, N={n}, {row['workers']} workers: {row['steps_per_s']:.2f} steps/s, {row['episodes_per_min']:.1f} episodes/min")
+    return row
+
+
+def bench_workers(model, tok, tasks, ns, episodes_per_task, max_steps, env_only=False):
+    """Threads vs processes (rollout.EnvWorkers(processes=...)) on the same jobs for each N: the
+    environments alone (scripted expert), then full rollouts with the policy. Modes alternate per N,
+    so a drift in the machine's load hits both alike."""
+    jobs = jobs_for(tasks, episodes_per_task)
+    env_rows = [env_throughput(jobs, n, max_steps, p) for n in ns for p in (False, True)]
+    rollout_rows = []
+    if not env_only:
+        for n in ns:
+            for p in (False, True):
+                rows, _ = rollout_throughput(model, tok, jobs, [n], max_steps, processes=p, gen_batch=max(ns))
+                rollout_rows += [dict(r, workers="process" if p else "thread") for r in rows]
+    return env_rows, rollout_rows
 
 
 def ten_turn_history(tok):
@@ -179,12 +267,13 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model)")
-    p.add_argument("--only", choices=["rollout", "compression", "chaos"], default=None, help="run one part")
+    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers"], default=None, help="run one part")
     p.add_argument("--tasks", default="click-button,click-link,enter-text,login-user", help="tasks of the rollout benchmarks")
     p.add_argument("--episodes-per-task", type=int, default=8, help="episodes per task and N")
     p.add_argument("--ns", default="1,2,4,8", help="numbers of concurrent browsers to compare")
     p.add_argument("--max-steps", type=int, default=6, help="episode length limit")
     p.add_argument("--out", default="runs/bench", help="where the JSON and markdown go")
+    p.add_argument("--env-only", action="store_true", help="workers part: the environments alone, no rollouts with the policy")
     p.add_argument("--_step-memory", dest="step_memory", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_turn", dest="turn", type=int, default=10, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -223,6 +312,19 @@ def main():
         res["chaos"] = c
         md += ["| chaos: episodes | browsers killed | completed | env_error | lost | wall s |", "|---|---|---|---|---|---|",
                f"| {c['episodes']} | {c['browsers_killed']} | {c['completed']} | {c['env_error']} | {c['lost']} | {c['wall_s']} |", ""]
+    if a.only == "workers":  # (not in the default run: it repeats the rollout part twice over)
+        env_rows, rollout_rows = bench_workers(model, tok, tasks, ns, a.episodes_per_task, a.max_steps, a.env_only)
+        res["workers_env"], res["workers_rollout"] = env_rows, rollout_rows
+        full = {(r["N"], r["workers"]): r for r in rollout_rows}
+        md += ["| N | workers | env-only steps/s | env-only episodes/min | rollout steps/s | rollout traj/min | env_error |",
+               "|---|---|---|---|---|---|---|"]
+        for r in env_rows:
+            f = full.get((r["N"], r["workers"]))
+            md.append(f"| {r['N']} | {r['workers']} | {r['steps_per_s']:.2f} | {r['episodes_per_min']:.1f} | "
+                      + (f"{f['steps_per_s']:.2f} | {f['traj_per_min']:.1f} | {r['env_error']}+{f['env_error']} |"
+                         if f else f"- | - | {r['env_error']} |"))
+        md += ["", f"env only: the scripted expert's actions, {env_rows[0]['episodes']} episodes per row"
+               f" (tasks {a.tasks}, max {a.max_steps} steps); rollout: the policy, sampled, as in the rollout part.", ""]
     with open(os.path.join(a.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=1)
     with open(os.path.join(a.out, "bench.md"), "w") as f:

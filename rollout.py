@@ -13,6 +13,12 @@ slot; no other trajectory is lost. Any environment with the WebEnv interface wor
 (env.py) or dreams (world_model.DreamEnv): `reset(seed, task=...) -> Obs`,
 `step(text) -> (Obs, reward, done, info)`, `close()`.
 
+EnvWorkers(..., processes=True) moves each environment into a child process of its own
+(EnvProcess): the worker threads, the prompts and the batched generation stay here, and only
+reset/step/close travel over a Pipe. Threads share one interpreter (and its GIL) among every
+Playwright client, the page observations and the generator; processes do not, at the price of a
+pickle per call and a Python process per browser. bench.py --only workers measures both.
+
 Trajectory record (DESIGN.md): {task, seed, goal, source, turns: [{prompt_ids, response_ids,
 response_logprobs, observation, response, action, error}], reward, success, env_error, steps}.
 With an env that takes screenshots (WebEnv(screenshots=True)), each turn also holds `screenshot`
@@ -22,7 +28,11 @@ the keys are absent otherwise.
 from __future__ import annotations
 
 import base64
+import multiprocessing
+import os
+import pickle
 import queue
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -92,7 +102,7 @@ class _Worker(threading.Thread):
         t0 = time.perf_counter()
         try:
             if self.env is None:
-                self.env = self.pool.make_env(task)
+                self.env = self.pool.new_env(task)
             obs = self._timed(lambda: self.env.reset(seed, task=task))
         except Exception as e:  # env.py turns browser faults into env_error itself; this is the backstop
             traj.update(env_error=True, error=f"reset failed: {type(e).__name__}: {e}")
@@ -182,11 +192,22 @@ class EnvWorkers:
     """`num_envs` long-lived worker threads, each owning one environment built by `make_env(task)`.
 
     Keep one for the whole run: browsers then launch once, not once per rollout. `close()` ends
-    the threads and their browsers.
+    the threads and their browsers. processes=True: each environment lives in a child process
+    (EnvProcess), so `make_env` must be picklable: a top-level function or class, or
+    functools.partial(env.WebEnv, max_steps=...), not a lambda (TypeError otherwise).
     """
 
-    def __init__(self, make_env: Callable, tokenizer, num_envs: int = 8, step_timeout: float = 60.0):
+    def __init__(self, make_env: Callable, tokenizer, num_envs: int = 8, step_timeout: float = 60.0,
+                 processes: bool = False):
+        if processes:
+            try:
+                pickle.dumps(make_env)
+            except Exception as e:
+                raise TypeError(f"processes=True needs a picklable make_env (a top-level function or "
+                                f"functools.partial(env.WebEnv, ...)), got {make_env!r}: {e}") from None
         self.make_env, self.tokenizer, self.step_timeout = make_env, tokenizer, step_timeout
+        self.processes = processes
+        self.env_attrs: dict = {}  # set on every environment (set_env_attr)
         self.jobs: "queue.Queue" = queue.Queue()
         self.workers = [self._spawn(i) for i in range(num_envs)]
 
@@ -194,6 +215,25 @@ class EnvWorkers:
         w = _Worker(self, wid)
         w.start()
         return w
+
+    def new_env(self, task: str):
+        """A fresh environment for `task`, in this process or in a child one, with env_attrs set."""
+        if self.processes:
+            return EnvProcess(self.make_env, task, self.env_attrs)
+        env = self.make_env(task)
+        for name, value in self.env_attrs.items():
+            setattr(env, name, value)
+        return env
+
+    def set_env_attr(self, name: str, value) -> None:
+        """Set an attribute on every environment, now and to come (e.g. screenshots only in the iterations
+        that write a report). Threads: at once; processes: in the child, before its next reset.
+        Call it between rollouts."""
+        self.env_attrs[name] = value
+        if not self.processes:
+            for w in self.workers:
+                if w.env is not None:
+                    setattr(w.env, name, value)
 
     def watchdog(self):
         """End episodes whose reset/step ran past step_timeout as env_error; replace their worker."""
@@ -205,7 +245,7 @@ class EnvWorkers:
                 batch, j, traj = current
                 traj.update(env_error=True, error=f"step timed out after {self.step_timeout:.0f} s")
                 batch.finish(j, traj)
-                try:  # unstick the thread: its browser dies, its call raises, the thread ends
+                try:  # unstick the thread: its browser (or env process) dies, its call raises, the thread ends
                     kill = getattr(w.env, "kill", None) or w.env.close
                     threading.Thread(target=kill, daemon=True).start()
                 except Exception:
@@ -219,6 +259,130 @@ class EnvWorkers:
         for w in self.workers:
             if not w.abandoned:
                 w.join(timeout=30)
+
+
+def _serve(conn, make_env: Callable, task: str) -> None:
+    """The body of an EnvProcess child: build the env, send its marker, then answer each
+    (method, args, kwargs, attrs) request with (True, result) or (False, exception) until "close"."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which then closes this env
+    try:
+        env = make_env(task)
+    except Exception as e:
+        _reply(conn, False, e)
+        return
+    _reply(conn, True, getattr(env, "marker", None))
+    while True:
+        try:
+            method, args, kwargs, attrs = conn.recv()
+        except EOFError:  # the parent is gone
+            method, args, kwargs, attrs = "close", (), {}, {}
+        for name, value in attrs.items():
+            setattr(env, name, value)
+        try:
+            ok, value = True, getattr(env, method)(*args, **kwargs)
+        except Exception as e:
+            ok, value = False, e
+        _reply(conn, ok, value)
+        if method == "close":
+            return
+
+
+def _reply(conn, ok: bool, value) -> None:
+    try:
+        conn.send((ok, value))
+    except OSError:  # the parent is gone
+        pass
+    except Exception as e:  # an exception that does not pickle: send its text
+        conn.send((False, RuntimeError(f"{type(value).__name__}: {value} (unpicklable: {e})")))
+
+
+class EnvProcess:
+    """An environment that lives in a child process, with the WebEnv interface: reset, step, close, kill.
+
+    The child is forked from multiprocessing's forkserver (never from this process, whose Playwright
+    may be running), builds `make_env(task)` (a picklable factory) and answers over a Pipe; Obs,
+    rewards, infos and exceptions come back pickled. `attrs` (a dict, e.g. {"screenshots": True}) is
+    set on the child's env before every reset. `marker` is the env's Chromium tag (WebEnv.marker).
+    Errors: whatever the env's method raised, re-raised here; RuntimeError when the child died
+    (killed, crashed) or did not start within START_TIMEOUT_S. After the child died, the next reset
+    starts a fresh one; kill() ends the child and its browser at once, from any thread.
+    As with any multiprocessing start method but fork, the main script must be importable without
+    side effects (`if __name__ == "__main__":`): the forkserver imports it once.
+    """
+    START_TIMEOUT_S = 120.0  # forkserver start + the child's imports + make_env, on busy cores
+    CLOSE_TIMEOUT_S = 30.0   # for the env's own close() (WebEnv: 10 s), then the child is killed
+
+    def __init__(self, make_env: Callable, task: str, attrs: dict | None = None):
+        self.make_env, self.task, self.attrs = make_env, task, attrs if attrs is not None else {}
+        self._start()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["__main__", "env"])  # imported once, in the server, not in every child
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, self.make_env, self.task), daemon=True,
+                                name=f"env-{self.task}")
+        self.proc.start()
+        child.close()
+        self.marker = None
+        self.marker = self._recv(self.START_TIMEOUT_S)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _recv(self, timeout: float | None = None):
+        try:
+            if timeout is not None and not self.conn.poll(timeout):
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            ok, value = self.conn.recv()
+        except (EOFError, OSError) as e:  # OSError: the pipe broke or a timeout
+            self.kill()
+            raise RuntimeError(f"the environment process {self.proc.pid} died or hung "
+                               f"(exit code {self.proc.exitcode}): {type(e).__name__}: {e}") from None
+        if not ok:
+            raise value
+        return value
+
+    def _call(self, method: str, *args, timeout: float | None = None, attrs: dict | None = None, **kwargs):
+        try:
+            self.conn.send((method, args, kwargs, dict(attrs or {})))
+        except OSError:
+            pass  # the child is gone: _recv says so
+        return self._recv(timeout)
+
+    def reset(self, seed: int, task: str | None = None):
+        if not self.proc.is_alive():  # it died since the last call: a fresh child
+            self.kill()
+            self._start()
+        return self._call("reset", seed, task=task, attrs=self.attrs)
+
+    def step(self, text: str):
+        return self._call("step", text)
+
+    def close(self) -> None:
+        """Close the env and end the child (killed past CLOSE_TIMEOUT_S). Never raises."""
+        if self.proc.is_alive():
+            try:
+                self._call("close", timeout=self.CLOSE_TIMEOUT_S)
+            except Exception:
+                pass
+            self.proc.join(timeout=5)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the env's Chromium (found by its marker) and the child process; reap the child."""
+        if self.marker:
+            import env as webenv  # (only WebEnv has a marker)
+
+            for pid in webenv.chromium_pids(self.marker):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
 
 
 def rollout(model, tokenizer, workers: EnvWorkers, jobs: list[tuple[str, int]], *, temperature: float = 1.0,

@@ -1,4 +1,5 @@
 """The asynchronous rollout on real Chromium with a tiny model: faults end one episode, lose none."""
+import functools
 import os
 import signal
 import threading
@@ -8,7 +9,7 @@ import pytest
 
 import env as webenv
 import policy
-from rollout import EnvWorkers, rollout
+from rollout import EnvProcess, EnvWorkers, rollout
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +17,26 @@ def agent():
     tok = policy.load_tokenizer()
     return policy.tiny_model(tok), tok
 
+
+
+def when_mid_episode(workers: EnvWorkers, act) -> dict:
+    """In a thread: wait (up to 60 s) until a worker is in the middle of an episode (at least one turn
+    taken), then call act(worker, env, traj) once. Returns a dict that then holds the traj's seed
+    (plus whatever act put there through the returned dict's update)."""
+    caught: dict = {}
+
+    def watch():
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            for w in workers.workers:
+                env, current = w.env, w.current
+                if current is not None and env is not None and current[2]["turns"]:
+                    caught["seed"] = current[2]["seed"]
+                    act(w, env, caught)
+                    return
+            time.sleep(0.01)
+    threading.Thread(target=watch, daemon=True).start()
+    return caught
 
 def test_results_in_job_order_with_exact_token_records(agent):
     model, tok = agent
@@ -37,19 +58,8 @@ def test_results_in_job_order_with_exact_token_records(agent):
 def test_a_killed_browser_ends_only_its_episode(agent):
     model, tok = agent
     workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=3)
-    victim = {}
-
-    def kill_one():  # wait until a worker is mid-episode, then SIGKILL its Chromium
-        deadline = time.time() + 60
-        while time.time() < deadline and not victim:
-            for w in workers.workers:
-                if w.current is not None and w.env is not None and w.current[2]["turns"]:
-                    victim["seed"] = w.current[2]["seed"]
-                    w.env.kill()
-                    return
-            time.sleep(0.01)
     jobs = [("click-button", 10_010 + i) for i in range(6)]
-    threading.Thread(target=kill_one, daemon=True).start()
+    victim = when_mid_episode(workers, lambda w, env, caught: env.kill())  # SIGKILL its Chromium
     try:
         trajs, _ = rollout(model, tok, workers, jobs, max_new_tokens=6)
     finally:
@@ -63,21 +73,14 @@ def test_a_killed_browser_ends_only_its_episode(agent):
 
 def test_a_hung_browser_times_out_as_env_error(agent):
     model, tok = agent
-    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=2, step_timeout=3.0)
-    frozen = {}
-
-    def freeze_one():  # SIGSTOP a browser mid-episode: its next step hangs until the watchdog acts
-        deadline = time.time() + 60
-        while time.time() < deadline and not frozen:
-            for w in workers.workers:
-                if w.current is not None and w.env is not None and w.current[2]["turns"]:
-                    frozen["seed"] = w.current[2]["seed"]
-                    for pid in webenv.chromium_pids(w.env.marker):
-                        os.kill(pid, signal.SIGSTOP)
-                    return
-            time.sleep(0.01)
+    # 8 s: long enough that a healthy reset or step on two busy cores never reaches it (3 s did)
+    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=2, step_timeout=8.0)
     jobs = [("click-button", 10_020 + i) for i in range(4)]
-    threading.Thread(target=freeze_one, daemon=True).start()
+
+    def freeze(w, env, caught):  # SIGSTOP its Chromium: the next step hangs until the watchdog acts
+        for pid in webenv.chromium_pids(env.marker):
+            os.kill(pid, signal.SIGSTOP)
+    frozen = when_mid_episode(workers, freeze)
     t0 = time.time()
     try:
         trajs, stats = rollout(model, tok, workers, jobs, max_new_tokens=6)
@@ -126,3 +129,77 @@ def test_a_timed_out_worker_takes_no_job_on_its_way_out(agent):
     assert not runner.is_alive(), "the rollout never finished: a job was lost"
     trajs, stats = out["r"]
     assert [t["env_error"] for t in trajs] == [True] + [False] * 11 and stats["env_timeouts"] == 1
+
+
+def _record(t: dict) -> tuple:
+    """Everything in a trajectory that must not depend on where its env ran."""
+    return (t["task"], t["seed"], t["goal"], t["steps"], t["reward"], t["success"], t["env_error"],
+            [(u["prompt_ids"], u["response_ids"], u["action"], u["observation"], u["error"]) for u in t["turns"]])
+
+
+def test_env_processes_give_the_threads_trajectories(agent):
+    model, tok = agent
+    make = functools.partial(webenv.WebEnv, max_steps=2)  # picklable, unlike a lambda
+    jobs = [("click-button", 10_030), ("enter-text", 10_031), ("click-link", 10_032)]
+    out = {}
+    for processes in (False, True):
+        workers = EnvWorkers(make, tok, num_envs=2, processes=processes)
+        try:
+            # greedy, one prompt per generate call: the replies cannot depend on which agents share a batch
+            out[processes], stats = rollout(model, tok, workers, jobs, temperature=0.0, max_new_tokens=6, gen_batch=1)
+            envs = [w.env for w in workers.workers if w.env is not None]
+        finally:
+            workers.close()
+        assert envs and all(isinstance(e, EnvProcess) == processes for e in envs)
+        assert stats["env_steps"] == 6
+    assert not any(t["env_error"] for t in out[True])
+    assert [_record(t) for t in out[True]] == [_record(t) for t in out[False]]
+
+
+def test_env_processes_need_a_picklable_factory(tok):
+    with pytest.raises(TypeError, match="picklable"):
+        EnvWorkers(lambda task: webenv.WebEnv(task), tok, num_envs=1, processes=True)
+
+
+def test_a_killed_env_process_ends_only_its_episode(agent):
+    model, tok = agent
+    workers = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=3, processes=True)
+    jobs = [("click-button", 10_040 + i) for i in range(6)]
+
+    def kill(w, env, caught):  # SIGKILL the env's process
+        caught.update(worker=w, pid=env.pid, marker=env.marker)
+        os.kill(env.pid, signal.SIGKILL)
+    victim = when_mid_episode(workers, kill)
+    try:
+        trajs, _ = rollout(model, tok, workers, jobs, max_new_tokens=6)
+        assert victim, "no episode was caught mid-way"
+        assert victim["worker"].env.pid != victim["pid"]  # its next episode ran in a fresh process
+    finally:
+        workers.close()
+    assert all(t is not None for t in trajs)  # nothing lost
+    errors = [t for t in trajs if t["env_error"]]
+    assert [t["seed"] for t in errors] == [victim["seed"]] and "died" in errors[0]["error"]
+    assert all(t["steps"] == 3 for t in trajs if not t["env_error"])  # the others ran to the step limit
+    assert webenv.chromium_pids(victim["marker"]) == []  # the dead process's browser did not outlive it
+
+
+def test_a_hung_env_process_times_out_and_is_replaced(agent):
+    model, tok = agent
+    workers = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=2, step_timeout=5.0,
+                         processes=True)
+    jobs = [("click-button", 10_050 + i) for i in range(4)]
+
+    def freeze(w, env, caught):  # SIGSTOP the env's process: its next step hangs until the watchdog acts
+        caught.update(pid=env.pid, marker=env.marker)
+        os.kill(env.pid, signal.SIGSTOP)
+    frozen = when_mid_episode(workers, freeze)
+    try:
+        trajs, stats = rollout(model, tok, workers, jobs, max_new_tokens=6)
+    finally:
+        workers.close()
+    assert frozen
+    hung = [t for t in trajs if t["env_error"]]
+    assert [t["seed"] for t in hung] == [frozen["seed"]] and "timed out" in hung[0]["error"]
+    assert all(t is not None for t in trajs) and stats.get("env_timeouts") == 1
+    assert all(t["steps"] == 3 for t in trajs if not t["env_error"])  # the others ran to the step limit
+    assert not os.path.exists(f"/proc/{frozen['pid']}") and webenv.chromium_pids(frozen["marker"]) == []
