@@ -18,6 +18,7 @@ with screenshot, reply, action or error, and observation. One self-contained fil
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -74,11 +75,12 @@ def markdown(summary: dict, title: str) -> str:
 def evaluate(model, tokenizer, tasks: list[str], seeds: list[int], *, max_steps: int = 6, num_envs: int = 8,
              temperature: float = 0.0, max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True,
              max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, bf16: bool = False,
-             progress: bool = True, screenshots: bool = False) -> tuple[dict, list[dict]]:
+             progress: bool = True, screenshots: bool = False, processes: bool = False) -> tuple[dict, list[dict]]:
     """Run every (task, seed) once on real pages; return (summary, trajectories).
-    screenshots: keep a JPEG of every page in the trajectories (turn["screenshot"], base64; for report.py)."""
-    pool = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps, screenshots=screenshots), tokenizer,
-                      num_envs=num_envs)
+    screenshots: keep a JPEG of every page in the trajectories (turn["screenshot"], base64; for report.py).
+    processes: each browser in a process of its own instead of a worker thread (rollout.EnvWorkers)."""
+    pool = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=max_steps, screenshots=screenshots), tokenizer,
+                      num_envs=num_envs, processes=processes)
     try:
         jobs = [(t, s) for t in tasks for s in seeds]
         trajs, _ = rollout(model, tokenizer, pool, jobs, temperature=temperature,
@@ -97,8 +99,10 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=20, help="eval seeds per task")
     p.add_argument("--max-steps", type=int, default=None, help="turns per episode (test-time interaction budget; default: as trained, else 6)")
     p.add_argument("--num-envs", type=int, default=8, help="episodes running at once")
+    p.add_argument("--env-workers", choices=["thread", "process"], default="thread",
+                   help="each browser in a worker thread, or in a process of its own (bench.py --only workers)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="reply length limit")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default: as trained, else 32)")
     p.add_argument("--keep-last", type=int, default=None, help="observations kept in full (default: as trained, else 1)")
     p.add_argument("--no-compress", action="store_true", default=None, help="keep every observation in full (default: as trained)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="token budget of a prompt (default: as trained, else 1024)")
@@ -122,7 +126,8 @@ def main(argv=None):
     if args.ckpt and os.path.exists(os.path.join(args.ckpt, "webdream.json")):
         with open(os.path.join(args.ckpt, "webdream.json")) as f:
             trained = json.load(f)
-    defaults = {"max_steps": 6, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024, "think": False}
+    defaults = {"max_steps": 6, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024, "think": False,
+                "max_new_tokens": 32}
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, trained.get(k, v))
@@ -135,7 +140,7 @@ def main(argv=None):
                               keep_last=args.keep_last, compress_context=not args.no_compress,
                               max_prompt_tokens=args.max_prompt_tokens, bf16=bool(args.bf16),
                               system=compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT,
-                              screenshots=bool(args.report))
+                              screenshots=bool(args.report), processes=args.env_workers == "process")
     summary["seconds"] = time.time() - t0
     summary["real_steps"] = sum(t["steps"] for t in trajs)
     summary["model"] = args.ckpt or args.model

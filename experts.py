@@ -262,6 +262,31 @@ def expert_action(task: str, obs: Obs, rng: random.Random | None = None) -> str:
     return parse_action(action)
 
 
+def thought(observation: str, action: str) -> str:
+    """A short rationale for an expert `action` taken on `observation` (the text the agent sees),
+    for the thinking format (`train.py --think`: the reply is `<think>thought</think>action`).
+
+    It names what the action does and the element it acts on, by role and name, before the bid:
+    "Click the button 'no' [13]." or "Type 'Kasie' into the textbox [19]." (the name comes from the
+    observation, so the thought is grounded in what the agent sees; no call syntax inside, so the
+    parser cannot mistake it for the action). `action` is a canonical action string written by an
+    expert (trusted); raises ExpertError if it is not a call.
+    """
+    try:
+        call = ast.parse(action, mode="eval").body
+        name, args = call.func.id, [ast.literal_eval(a) for a in call.args]
+    except (SyntaxError, AttributeError, ValueError) as e:
+        raise ExpertError(f"not an expert action: {action!r}") from e
+    if not args or name in ("scroll", "send_msg_to_user"):
+        return f"Next: {name.replace('_', ' ')}."
+    bid = str(args[0])
+    node = next((n for n in read_tree(observation) if n.bid == bid), None)
+    what = f"the {node.role}{f' {node.name!r}' if node and node.name else ''}" if node else "the element"
+    verbs = {"fill": "Type {v!r} into", "select_option": "Select {v!r} in", "press": "Press {v} on"}
+    verb = verbs.get(name, name.capitalize()).format(v=args[1] if len(args) > 1 else "")
+    return f"{verb} {what} [{bid}]."
+
+
 # ----------------------------------------------------------------------------------------------
 # Demonstrations
 

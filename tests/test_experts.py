@@ -43,3 +43,17 @@ def test_collect_demos_writes_records(tmp_path):
     assert r["source"] == "expert" and r["success"] and r["reward"] == 1.0 and not r["env_error"]
     assert set(r) >= {"task", "seed", "goal", "source", "turns", "reward", "success", "env_error"}
     assert set(r["turns"][0]) == {"observation", "action", "error"}
+
+
+def test_thought_names_the_element_before_its_bid():
+    obs = "Goal: Enter \"Kasie\".\n[12] generic 'x'\n[13] button 'no'\n [19] textbox\n[20] combobox 'Pick'"
+    assert experts.thought(obs, "click('13')") == "Click the button 'no' [13]."
+    assert experts.thought(obs, "fill('19', 'Kasie')") == "Type 'Kasie' into the textbox [19]."
+    assert experts.thought(obs, "select_option('20', 'Phil')") == "Select 'Phil' in the combobox 'Pick' [20]."
+    assert experts.thought(obs, "press('13', 'Enter')") == "Press Enter on the button 'no' [13]."
+    assert experts.thought(obs, "click('99')") == "Click the element [99]."
+    # the thought never parses as an action, so the reply's action is the one after </think>
+    reply = f"<think>{experts.thought(obs, 'click(' + repr('13') + ')')}</think>click('13')"
+    assert env.parse_action(reply) == "click('13')"
+    with pytest.raises(experts.ExpertError):
+        experts.thought(obs, "not an action")

@@ -160,3 +160,17 @@ def test_missing_demos_file_names_the_command_that_writes_it(tmp_path):
     args = train.parse_args(["--mode", "bc", "--demos", str(tmp_path / "none.jsonl")])
     with pytest.raises(FileNotFoundError, match="python experts.py"):
         train.bc_samples(args.demos, policy.load_tokenizer(), args)
+
+
+def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
+    import policy
+    import train
+
+    tok = policy.load_tokenizer()
+    args = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button", "--think"])
+    assert args.max_new_tokens == 64 and "<think>" in args.system
+    prompt, reply = train.bc_samples(args.demos, tok, args)[0]
+    assert tok.decode(reply) == "<think>Click the button 'b0' [12].</think>click('12')" + tok.eos_token
+    direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button"])
+    assert direct.max_new_tokens == 32
+    assert tok.decode(train.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token
