@@ -4,6 +4,7 @@
     python eval.py --ckpt runs/bc/final --seeds 20  # a checkpoint
     python eval.py --ckpt runs/real/final --out runs/eval-real
     python eval.py --ckpt runs/bc/final --seeds 2 --report runs/bc/final/report  # + an HTML report
+    python eval.py --compare BC=runs/bc/final/eval M-GRPO=runs/real/final/eval   # per-task table, same episodes
 
 Greedy decoding by default. Success is full task credit; an episode that ends by an
 infrastructure fault (`env_error`) is neither a success nor a failure: it is left out of the
@@ -72,6 +73,39 @@ def markdown(summary: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare(runs: list[tuple[str, str]]) -> str:
+    """A markdown table of success per task (columns: runs) over the episodes every run has.
+
+    runs: [(label, folder or trajectories.jsonl written by this script)]. Only the (task, seed) pairs
+    present in every run count, so runs evaluated on different numbers of seeds compare on the same
+    pages; the last rows give each run's mean with its 95% Wilson interval, the episodes compared and
+    the real browser steps they took. Errors: FileNotFoundError for a folder without trajectories.jsonl;
+    ValueError when the runs share no episode.
+    """
+    trajs = {}
+    for label, path in runs:
+        f = path if path.endswith(".jsonl") else os.path.join(path, "trajectories.jsonl")
+        if not os.path.exists(f):
+            raise FileNotFoundError(f"{f} not found: python eval.py --ckpt CKPT --out {path} writes it")
+        with open(f) as fh:
+            trajs[label] = [json.loads(line) for line in fh if line.strip()]
+    common = set.intersection(*({(t["task"], t["seed"]) for t in ts} for ts in trajs.values()))
+    if not common:
+        raise ValueError(f"the runs {[l for l, _ in runs]} share no (task, seed) episode")
+    tasks = list(dict.fromkeys(t["task"] for t in next(iter(trajs.values())) if (t["task"], t["seed"]) in common))
+    sums = {l: summarise([t for t in ts if (t["task"], t["seed"]) in common], tasks) for l, ts in trajs.items()}
+    pct = lambda x: "n/a" if x is None else f"{x:.0%}"
+    lines = ["| task | " + " | ".join(sums) + " |", "|---" * (len(sums) + 1) + "|"]
+    for task in tasks:
+        lines.append(f"| {task} | " + " | ".join(pct(s["tasks"][task]["success"]) for s in sums.values()) + " |")
+    mean = lambda m: "n/a" if m["success"] is None else f"**{m['success']:.1%}** ({m['ci95'][0]:.0%}-{m['ci95'][1]:.0%})"
+    lines.append("| **mean (95% CI)** | " + " | ".join(mean(s["mean"]) for s in sums.values()) + " |")
+    lines.append("| episodes | " + " | ".join(str(s["mean"]["n"]) for s in sums.values()) + " |")
+    steps = {l: sum(t["steps"] for t in ts if (t["task"], t["seed"]) in common) for l, ts in trajs.items()}
+    lines.append("| real steps | " + " | ".join(str(steps[l]) for l in sums) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def evaluate(model, tokenizer, tasks: list[str], seeds: list[int], *, max_steps: int = 6, num_envs: int = 8,
              temperature: float = 0.0, max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True,
              max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, bf16: bool = False,
@@ -110,9 +144,16 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the model runs")
     p.add_argument("--bf16", type=int, default=0, help="bf16 autocast for generation (1/0); slower than fp32 on CPU")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval or runs/eval-base)")
+    p.add_argument("--compare", nargs="+", default=None, metavar="[LABEL=]DIR",
+                   help="instead of evaluating: a per-task table of earlier evaluations (their out folders), "
+                        "over the episodes they all have")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="also write DIR/report.html: results, training curves, episodes with screenshots")
     args = p.parse_args(argv)
+    if args.compare:
+        runs = [tuple(c.split("=", 1)) if "=" in c else (os.path.basename(os.path.normpath(c)), c) for c in args.compare]
+        print(compare(runs), end="")
+        return
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in webenv.TASKS]
     if unknown:

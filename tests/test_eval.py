@@ -22,3 +22,30 @@ def test_env_error_is_neither_success_nor_failure():
     assert s["tasks"]["b"]["success"] is None and s["tasks"]["b"]["n"] == 0  # nothing measured, not a 0
     assert s["mean"]["success"] == 0.5 and s["mean"]["task_mean"] == 0.5 and s["mean"]["env_error"] == 2
     assert "| b | n/a |" in webeval.markdown(s, "t")
+
+
+def test_compare_counts_only_the_episodes_every_run_has(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    def write(name, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "trajectories.jsonl").write_text("".join(
+            json.dumps({"task": t, "seed": s, "success": ok, "env_error": False, "steps": n}) + "\n" for t, s, ok, n in rows))
+        return str(d)
+    # run a has 3 seeds of task x (2 successes), run b only seeds 0 and 1: seed 2 is left out of both
+    a = write("a", [("x", 0, True, 1), ("x", 1, False, 3), ("x", 2, True, 1), ("y", 0, True, 2)])
+    b = write("b", [("x", 0, False, 6), ("x", 1, False, 6), ("y", 0, True, 1)])
+    webeval.main(["--compare", f"A={a}", b])
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "| task | A | b |"
+    assert "| x | 50% | 0% |" in out and "| y | 100% | 100% |" in out
+    assert "| **mean (95% CI)** | **66.7%** (21%-94%) | **33.3%** (6%-79%) |" in out  # wilson(2, 3), wilson(1, 3)
+    assert "| episodes | 3 | 3 |" in out and "| real steps | 6 | 13 |" in out
+    with pytest.raises(FileNotFoundError, match="trajectories.jsonl"):
+        webeval.compare([("none", str(tmp_path / "none"))])
+    c = write("c", [("z", 9, True, 1)])
+    with pytest.raises(ValueError, match="share no"):
+        webeval.compare([("a", a), ("c", c)])
