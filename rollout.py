@@ -101,9 +101,12 @@ class _Worker(threading.Thread):
         self.current = (batch, j, traj)
         t0 = time.perf_counter()
         try:
-            if self.env is None:
-                self.env = self.pool.new_env(task)
-            obs = self._timed(lambda: self.env.reset(seed, task=task))
+            if self.env is None:  # a browser launch: at most pool.launches at once (see EnvWorkers)
+                with self.pool.launching:
+                    self.env = self.pool.new_env(task)
+                    obs = self._timed(lambda: self.env.reset(seed, task=task))
+            else:
+                obs = self._timed(lambda: self.env.reset(seed, task=task))
         except Exception as e:  # env.py turns browser faults into env_error itself; this is the backstop
             traj.update(env_error=True, error=f"reset failed: {type(e).__name__}: {e}")
             if self.env is not None:
@@ -209,6 +212,11 @@ class EnvWorkers:
         self.processes = processes
         self.env_attrs: dict = {}  # set on every environment (set_env_attr)
         self.jobs: "queue.Queue" = queue.Queue()
+        # Browsers launch a few at a time: 16 Chromiums starting at once on 2 cores crashed their pages
+        # and ran past the reset deadline, every one of them, again at each relaunch (measured);
+        # two at a time launched all 16 in 22 s.
+        self.launches = max(2, (os.cpu_count() or 2) // 2)
+        self.launching = threading.Semaphore(self.launches)
         self.workers = [self._spawn(i) for i in range(num_envs)]
 
     def _spawn(self, wid: int) -> _Worker:

@@ -203,3 +203,42 @@ def test_a_hung_env_process_times_out_and_is_replaced(agent):
     assert all(t is not None for t in trajs) and stats.get("env_timeouts") == 1
     assert all(t["steps"] == 3 for t in trajs if not t["env_error"])  # the others ran to the step limit
     assert not os.path.exists(f"/proc/{frozen['pid']}") and webenv.chromium_pids(frozen["marker"]) == []
+
+
+class _CountedLaunch:
+    """A browser-free environment whose first reset (its 'browser launch') takes 0.3 s and is counted."""
+    lock, now, most, launches = threading.Lock(), 0, 0, 0
+
+    def __init__(self, task):
+        self.launched = False
+
+    def reset(self, seed, task=None):
+        if not self.launched:
+            cls = _CountedLaunch
+            with cls.lock:
+                cls.now += 1
+                cls.most, cls.launches = max(cls.most, cls.now), cls.launches + 1
+            time.sleep(0.3)
+            with cls.lock:
+                cls.now -= 1
+            self.launched = True
+        return webenv.Obs(goal="Click OK.", url="x.html", axtree="[1] button 'OK'")
+
+    def step(self, text):
+        return webenv.Obs(goal="Click OK.", url="x.html", axtree=""), 1.0, True, {"success": True, "env_error": False}
+
+    def close(self):
+        pass
+
+
+def test_browsers_launch_a_few_at_a_time(agent):
+    # 16 Chromiums launched at once on 2 cores all crashed or ran past the reset deadline; the pool
+    # lets at most `launches` environments start at once, and every environment still starts
+    model, tok = agent
+    workers = EnvWorkers(_CountedLaunch, tok, num_envs=8)
+    try:
+        trajs, _ = rollout(model, tok, workers, [("click-button", i) for i in range(8)], max_new_tokens=4, gen_batch=8)
+    finally:
+        workers.close()
+    assert _CountedLaunch.launches == 8 and 1 < _CountedLaunch.most <= workers.launches
+    assert not any(t["env_error"] for t in trajs)
