@@ -1242,6 +1242,12 @@ class WebEnv:
             self._bg.drop_context()
         self._broken = None
 
+    @property
+    def needs_launch(self) -> bool:
+        """Whether the next reset starts a Chromium (first use, or after the browser died): rollout.py
+        lets only a few environments launch at once."""
+        return self._broken == "browser" or not self._bg.browser_alive()
+
     def _after_fault(self, killed_browser: bool) -> None:
         """Close the faulty context now, under a bound of its own; decide what the next reset repairs."""
         with self._guard(self.kill_grace) as g:

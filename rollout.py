@@ -101,13 +101,26 @@ class _Worker(threading.Thread):
         self.current = (batch, j, traj)
         t0 = time.perf_counter()
         try:
-            if self.env is None:  # a browser launch: at most pool.launches at once (see EnvWorkers)
-                with self.pool.launching:
-                    self.env = self.pool.new_env(task)
+            if self.env is None or getattr(self.env, "needs_launch", False):
+                # a browser (re)launch: at most pool.launches at once (see EnvWorkers). A launch that
+                # hangs keeps its slot until the watchdog kills it; the wait for a slot is bounded all
+                # the same, so launches can never stall the pool.
+                gated = self.pool.launching.acquire(timeout=self.pool.step_timeout)
+                t0 = time.perf_counter()  # (env_s counts the launch, not the wait for a slot)
+                try:
+                    if self.env is None:
+                        self.env = self.pool.new_env(task)
                     obs = self._timed(lambda: self.env.reset(seed, task=task))
+                finally:
+                    if gated:
+                        self.pool.launching.release()
             else:
                 obs = self._timed(lambda: self.env.reset(seed, task=task))
+            if self.abandoned:  # the watchdog has already ended this episode: leave its record alone
+                return traj
         except Exception as e:  # env.py turns browser faults into env_error itself; this is the backstop
+            if self.abandoned:
+                return traj
             traj.update(env_error=True, error=f"reset failed: {type(e).__name__}: {e}")
             if self.env is not None:
                 self.env.close()
@@ -215,7 +228,7 @@ class EnvWorkers:
         # Browsers launch a few at a time: 16 Chromiums starting at once on 2 cores crashed their pages
         # and ran past the reset deadline, every one of them, again at each relaunch (measured);
         # two at a time launched all 16 in 22 s.
-        self.launches = max(2, (os.cpu_count() or 2) // 2)
+        self.launches = max(2, len(os.sched_getaffinity(0)) // 2)
         self.launching = threading.Semaphore(self.launches)
         self.workers = [self._spawn(i) for i in range(num_envs)]
 
@@ -338,6 +351,12 @@ class EnvProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def needs_launch(self) -> bool:
+        """The child died: the next reset starts a fresh one (and its browser). A browser that dies
+        inside a live child relaunches there, outside the pool's launch limit."""
+        return not self.proc.is_alive()
 
     def _recv(self, timeout: float | None = None):
         try:

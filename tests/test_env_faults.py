@@ -381,3 +381,16 @@ def test_page_navigating_outside_is_blocked_and_ends_the_episode(e, listener):
         assert done and reward == 0.0 and not info["env_error"] and "invalid url" in info["error"], info
         assert url in e._bg.blocked and len(hits) == n0 and not obs.url.startswith(("file:///etc", "http"))
     assert _solves(e)
+
+
+def test_needs_launch_before_the_first_reset_and_after_a_kill():
+    w = env.WebEnv("click-button", max_steps=2)
+    try:
+        assert w.needs_launch  # no browser yet: the first reset launches one
+        w.reset(10_000)
+        assert not w.needs_launch
+        w.kill()
+        assert w.needs_launch  # the next reset relaunches: rollout.py gates it like a first launch
+        assert not w.reset(10_001).env_error and not w.needs_launch
+    finally:
+        w.close()
