@@ -14,6 +14,7 @@ DREAM_LEN ?= 5
 DREAM_LR ?= 5e-5
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
+comma := ,
 ZERO_ITERS ?= 3
 RATIOS ?= 0,0.2,0.4,0.6,1
 LENS ?= 1,3,5,8
@@ -89,7 +90,7 @@ sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and -
 	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
 	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
-ablations:  ## the results table's other rows (README "Ablations"): budgets, compression, thinking, RL without BC
+ablations:  ## the results table's other rows (README "Results", rows 5-10): budgets, compression, thinking, RL without BC
 	@mkdir -p $(RUNS)/ablate
 	for b in 5 10 20; do $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(ABL_SEEDS) --max-steps $$b --out $(RUNS)/ablate/bc-budget-$$b || exit 1; done
 	$(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(ABL_SEEDS) --no-compress --out $(RUNS)/ablate/bc-no-compress
@@ -99,10 +100,12 @@ ablations:  ## the results table's other rows (README "Ablations"): budgets, com
 	$(PY) eval.py --ckpt $(RUNS)/zero/final --seeds 5 --out $(RUNS)/ablate/zero
 	$(PY) eval.py --compare BC=$(RUNS)/bc/final/eval budget-5=$(RUNS)/ablate/bc-budget-5 budget-10=$(RUNS)/ablate/bc-budget-10 budget-20=$(RUNS)/ablate/bc-budget-20 no-compression=$(RUNS)/ablate/bc-no-compress think=$(RUNS)/bc-think/final/eval
 
-curves: $(RUNS)/ablate/real-step-5/results.json  ## training reward and eval success against iterations and real steps (curves.py)
-	$(PY) curves.py $(RUNS)/real $(RUNS)/dream --labels M-GRPO,dreams --out docs/curves --eval M-GRPO:5=$(RUNS)/ablate/real-step-5
-$(RUNS)/ablate/real-step-5/results.json:  # M-GRPO's mid-run checkpoint on real pages
+curves: $(RUNS)/ablate/real-step-5/results.json  ## (after make run, and make dream if wanted) reward and eval success against iterations and real steps
+	$(PY) curves.py $(RUNS)/real $(wildcard $(RUNS)/dream) --labels M-GRPO$(if $(wildcard $(RUNS)/dream),$(comma)dreams) --out docs/curves --eval M-GRPO:5=$(RUNS)/ablate/real-step-5
+$(RUNS)/ablate/real-step-5/results.json: | $(RUNS)/real/step-000005  # M-GRPO's mid-run checkpoint on real pages
 	$(PY) eval.py --ckpt $(RUNS)/real/step-000005 --seeds $(SEEDS) --out $(RUNS)/ablate/real-step-5
+$(RUNS)/real/step-000005:
+	@echo "$@ is missing: make real (ITERS=10 keeps it; with more iterations only the newest two checkpoints stay)"; exit 1
 
 test:
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests

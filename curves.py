@@ -89,6 +89,8 @@ def eval_points(run: str, train: list[dict], extra: list[tuple[int, str]]) -> li
     pts = []
     for it, (name, path) in sorted(found.items()):
         mean = _load(path)["mean"]
+        if mean["success"] is None:  # every episode was an env_error: nothing was measured, no point
+            continue
         pts.append({"checkpoint": name, "iteration": it, "real_steps": 0 if it == 0 else steps.get(it),
                     "success": mean["success"], "lo": mean["ci95"][0], "hi": mean["ci95"][1], "n": mean["n"],
                     "path": path})

@@ -73,6 +73,12 @@ def markdown(summary: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _label(path: str) -> str:
+    """A run's default --compare label: its folder, less a trailing /eval (runs/bc/final/eval -> runs/bc/final)."""
+    path = os.path.normpath(path)
+    return os.path.dirname(path) if os.path.basename(path) == "eval" else path
+
+
 def compare(runs: list[tuple[str, str]]) -> str:
     """A markdown table of success per task (columns: runs) over the episodes every run has.
 
@@ -151,7 +157,10 @@ def main(argv=None):
                    help="also write DIR/report.html: results, training curves, episodes with screenshots")
     args = p.parse_args(argv)
     if args.compare:
-        runs = [tuple(c.split("=", 1)) if "=" in c else (os.path.basename(os.path.normpath(c)), c) for c in args.compare]
+        runs = [tuple(c.split("=", 1)) if "=" in c else (_label(c), c) for c in args.compare]
+        labels = [label for label, _ in runs]
+        if len(set(labels)) < len(labels):
+            p.error(f"--compare: two runs have the same label ({labels}); name them LABEL=DIR")
         print(compare(runs), end="")
         return
     tasks = [t for t in args.tasks.split(",") if t]
@@ -171,7 +180,7 @@ def main(argv=None):
                 "max_new_tokens": 32}
     for k, v in defaults.items():
         if getattr(args, k) is None:
-            setattr(args, k, trained.get(k, v))
+            setattr(args, k, trained.get(k, 64 if k == "max_new_tokens" and args.think else v))  # (think is set first)
     out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
     os.makedirs(out, exist_ok=True)
     model, tok = policy.load_model(args.ckpt or args.model, device=args.device)

@@ -99,7 +99,8 @@ def parse_args(argv=None):
     g.add_argument("--group-size", type=int, default=4, help="G: trajectories per group")
     g.add_argument("--num-envs", type=int, default=16, help="browsers per rank, each stepping its own episode concurrently")
     g.add_argument("--env-workers", choices=["thread", "process"], default="thread",
-                   help="each browser in a worker thread, or in a process of its own (bench.py --only workers)")
+                   help="real mode: each browser in a worker thread, or in a process of its own (bench.py --only workers); "
+                        "dream mode always uses threads (the world model is shared in-process)")
     g.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung page ends its episode as env_error")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
     g.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default 32; 64 with --think)")

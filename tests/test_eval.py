@@ -40,12 +40,15 @@ def test_compare_counts_only_the_episodes_every_run_has(tmp_path, capsys):
     b = write("b", [("x", 0, False, 6), ("x", 1, False, 6), ("y", 0, True, 1)])
     webeval.main(["--compare", f"A={a}", b])
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "| task | A | b |"
+    assert out.splitlines()[0] == f"| task | A | {b} |"  # a folder without a label is named by its path
     assert "| x | 50% | 0% |" in out and "| y | 100% | 100% |" in out
     assert "| **mean (95% CI)** | **66.7%** (21%-94%) | **33.3%** (6%-79%) |" in out  # wilson(2, 3), wilson(1, 3)
     assert "| episodes | 3 | 3 |" in out and "| real steps | 6 | 13 |" in out
     with pytest.raises(FileNotFoundError, match="trajectories.jsonl"):
         webeval.compare([("none", str(tmp_path / "none"))])
+    with pytest.raises(SystemExit):  # two columns with one label: one run would hide the other
+        webeval.main(["--compare", a, a])
+    assert webeval._label("runs/bc/final/eval/") == "runs/bc/final" and webeval._label("runs/x") == "runs/x"
     c = write("c", [("z", 9, True, 1)])
     with pytest.raises(ValueError, match="share no"):
         webeval.compare([("a", a), ("c", c)])
