@@ -244,11 +244,7 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
             # mid-episode (after at least one step): a kill during reset is retried by WebEnv itself
             if env is not None and current is not None and current[2]["turns"]:
                 pids = webenv.chromium_pids(env.marker)
-                for pid in pids:
-                    try:
-                        os.kill(pid, 9)
-                    except OSError:
-                        pass
+                webenv.sigkill(pids)
                 if pids:
                     killed.append(env.marker)
     k = threading.Thread(target=killer, daemon=True)
@@ -267,21 +263,18 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
 
 def bc_padding(demos: str, epochs: float = 2.0, batch_size: int = 32, micro_batch: int = 8, seed: int = 0) -> dict:
     """Token positions a BC run computes (prompt + reply, padded to each micro-batch's longest sample)
-    against the real tokens, over train.py's batch schedule for `demos`, with micro-batches in random
-    order and sorted by length (what train.py does). Returns {samples, real, random, sorted} in tokens."""
-    import numpy as np
-
+    against the real tokens, over train.py's batches (train.batch_indices) for `demos`, with the
+    micro-batches cut from each batch in its random order and sorted by length (what train.py does).
+    Returns {samples, real, random, sorted} in tokens."""
     import train
 
     args = train.parse_args(["--mode", "bc", "--demos", demos])
     lens = [len(p) + len(r) for p, r in train.bc_samples(demos, policy.load_tokenizer(), args)]
-    per_epoch = max(1, len(lens) // batch_size)
     out = {"samples": len(lens), "real": 0, "random": 0, "sorted": 0}
-    for step in range(int(per_epoch * epochs)):  # train.train_supervised's schedule
-        epoch, offset = divmod(step, per_epoch)
-        batch = list(np.random.default_rng(seed + epoch).permutation(len(lens))[offset * batch_size:(offset + 1) * batch_size])
+    for step in range(int(max(1, len(lens) // batch_size) * epochs)):
+        batch = train.batch_indices(lens, step, batch_size, seed, by_length=False)
         out["real"] += sum(lens[i] for i in batch)
-        for key, order in (("random", batch), ("sorted", sorted(batch, key=lambda i: -lens[i]))):
+        for key, order in (("random", batch), ("sorted", train.batch_indices(lens, step, batch_size, seed))):
             for m in range(0, len(order), micro_batch):
                 mb = order[m:m + micro_batch]
                 out[key] += max(lens[i] for i in mb) * len(mb)

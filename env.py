@@ -775,11 +775,7 @@ class _Watchdog:
                     pids = [p for p, cmd in procs.items() if g.fired >= 2 or "--type=renderer" in cmd]
                     logger.warning("watchdog: a browser call of env %s is past its deadline: SIGKILL %s %s",
                                    g.marker, "its browser" if g.fired >= 2 else "its renderers", pids)
-                    for pid in pids:
-                        try:
-                            os.kill(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                    sigkill(pids)
 
 
 _WATCHDOG = _Watchdog()
@@ -1351,11 +1347,7 @@ class WebEnv:
     def kill(self) -> None:
         """SIGKILL this env's Chromium processes. Safe from any thread (close() is not: Playwright's
         sync objects belong to the thread that made them); a call blocked on the browser then fails."""
-        for pid in chromium_pids(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        sigkill(chromium_pids(self.marker))
         self._broken = "browser"
 
     def close(self) -> None:
@@ -1424,6 +1416,15 @@ def _env_processes(marker: str) -> dict[int, str]:
         frontier = {p for p, (pp, _) in procs.items() if pp in frontier and p not in keep}
         keep |= frontier
     return {p: procs[p][1] for p in keep}
+
+
+def sigkill(pids) -> None:
+    """SIGKILL each pid; ones already gone are skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def chromium_pids(marker: str) -> list[int]:

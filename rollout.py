@@ -101,21 +101,19 @@ class _Worker(threading.Thread):
         self.current = (batch, j, traj)
         t0 = time.perf_counter()
         try:
-            if self.env is None or getattr(self.env, "needs_launch", False):
-                # a browser (re)launch: at most pool.launches at once (see EnvWorkers). A launch that
-                # hangs keeps its slot until the watchdog kills it; the wait for a slot is bounded all
-                # the same, so launches can never stall the pool.
-                gated = self.pool.launching.acquire(timeout=self.pool.step_timeout)
-                t0 = time.perf_counter()  # (env_s counts the launch, not the wait for a slot)
-                try:
-                    if self.env is None:
-                        self.env = self.pool.new_env(task)
-                    obs = self._timed(lambda: self.env.reset(seed, task=task))
-                finally:
-                    if gated:
-                        self.pool.launching.release()
-            else:
+            # A browser (re)launch waits for one of pool.launches slots (see EnvWorkers). A launch that
+            # hangs keeps its slot until the watchdog kills it; the wait for a slot is bounded all the
+            # same, so launches can never stall the pool.
+            launch = self.env is None or getattr(self.env, "needs_launch", False)
+            gated = launch and self.pool.launching.acquire(timeout=self.pool.step_timeout)
+            t0 = time.perf_counter()  # (env_s counts the launch, not the wait for a slot)
+            try:
+                if self.env is None:
+                    self.env = self.pool.new_env(task)
                 obs = self._timed(lambda: self.env.reset(seed, task=task))
+            finally:
+                if gated:
+                    self.pool.launching.release()
             if self.abandoned:  # the watchdog has already ended this episode: leave its record alone
                 return traj
         except Exception as e:  # env.py turns browser faults into env_error itself; this is the backstop
@@ -379,7 +377,7 @@ class EnvProcess:
         return self._recv(timeout)
 
     def reset(self, seed: int, task: str | None = None):
-        if not self.proc.is_alive():  # it died since the last call: a fresh child
+        if self.needs_launch:  # it died since the last call: a fresh child
             self.kill()
             self._start()
         return self._call("reset", seed, task=task, attrs=self.attrs)
@@ -402,11 +400,7 @@ class EnvProcess:
         if self.marker:
             import env as webenv  # (only WebEnv has a marker)
 
-            for pid in webenv.chromium_pids(self.marker):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            webenv.sigkill(webenv.chromium_pids(self.marker))
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(timeout=5)
