@@ -63,13 +63,16 @@ def summarise(trajs: list[dict], tasks: list[str]) -> dict:
     return {"tasks": rows, "mean": mean}
 
 
+def _pct(x, fmt: str = ".0%") -> str:
+    return "n/a" if x is None else format(x, fmt)  # None: nothing measured (every episode an env_error)
+
+
 def markdown(summary: dict, title: str) -> str:
     lines = [f"### {title}", "", "| task | success | 95% CI | n | env_error | mean steps |", "|---|---|---|---|---|---|"]
-    pct = lambda x, fmt=".0%": "n/a" if x is None else format(x, fmt)
     for task, r in summary["tasks"].items():
-        lines.append(f"| {task} | {pct(r['success'])} | {r['ci95'][0]:.0%}-{r['ci95'][1]:.0%} | {r['n']} | {r['env_error']} | {r['mean_steps']:.1f} |")
+        lines.append(f"| {task} | {_pct(r['success'])} | {r['ci95'][0]:.0%}-{r['ci95'][1]:.0%} | {r['n']} | {r['env_error']} | {r['mean_steps']:.1f} |")
     m = summary["mean"]
-    lines.append(f"| **all** | **{pct(m['success'], '.1%')}** | {m['ci95'][0]:.0%}-{m['ci95'][1]:.0%} | {m['n']} | {m['env_error']} | |")
+    lines.append(f"| **all** | **{_pct(m['success'], '.1%')}** | {m['ci95'][0]:.0%}-{m['ci95'][1]:.0%} | {m['n']} | {m['env_error']} | |")
     return "\n".join(lines) + "\n"
 
 
@@ -98,17 +101,16 @@ def compare(runs: list[tuple[str, str]]) -> str:
     common = set.intersection(*({(t["task"], t["seed"]) for t in ts} for ts in trajs.values()))
     if not common:
         raise ValueError(f"the runs {[l for l, _ in runs]} share no (task, seed) episode")
-    tasks = list(dict.fromkeys(t["task"] for t in next(iter(trajs.values())) if (t["task"], t["seed"]) in common))
-    sums = {l: summarise([t for t in ts if (t["task"], t["seed"]) in common], tasks) for l, ts in trajs.items()}
-    pct = lambda x: "n/a" if x is None else f"{x:.0%}"
+    shared = {l: [t for t in ts if (t["task"], t["seed"]) in common] for l, ts in trajs.items()}
+    tasks = list(dict.fromkeys(t["task"] for t in next(iter(shared.values()))))
+    sums = {l: summarise(ts, tasks) for l, ts in shared.items()}
     lines = ["| task | " + " | ".join(sums) + " |", "|---" * (len(sums) + 1) + "|"]
     for task in tasks:
-        lines.append(f"| {task} | " + " | ".join(pct(s["tasks"][task]["success"]) for s in sums.values()) + " |")
+        lines.append(f"| {task} | " + " | ".join(_pct(s["tasks"][task]["success"]) for s in sums.values()) + " |")
     mean = lambda m: "n/a" if m["success"] is None else f"**{m['success']:.1%}** ({m['ci95'][0]:.0%}-{m['ci95'][1]:.0%})"
     lines.append("| **mean (95% CI)** | " + " | ".join(mean(s["mean"]) for s in sums.values()) + " |")
     lines.append("| episodes | " + " | ".join(str(s["mean"]["n"]) for s in sums.values()) + " |")
-    steps = {l: sum(t["steps"] for t in ts if (t["task"], t["seed"]) in common) for l, ts in trajs.items()}
-    lines.append("| real steps | " + " | ".join(str(steps[l]) for l in sums) + " |")
+    lines.append("| real steps | " + " | ".join(str(sum(t["steps"] for t in ts)) for ts in shared.values()) + " |")
     return "\n".join(lines) + "\n"
 
 
