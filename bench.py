@@ -5,7 +5,7 @@
     python bench.py --only compression    # prompt tokens per turn and training-step memory, with/without compression
     python bench.py --only chaos          # a rollout in which a tenth of the browsers are killed at random
     python bench.py --only padding        # BC micro-batches: padded tokens, random order vs sorted by length (no model)
-    python bench.py --only workers        # threads vs processes (rollout.EnvWorkers): env alone, then full rollouts
+    python bench.py --only workers        # threads vs processes (rollout.EnvPool): env alone, then full rollouts
                                           # (only on request; --env-only skips the rollouts with the policy)
 
 The policy is a checkpoint (--ckpt, default runs/bc/final when it exists, else the base model):
@@ -33,7 +33,9 @@ import compress
 import env as webenv
 import experts
 import policy
-from rollout import EnvProcess, EnvWorkers, rollout
+import generators
+import supervised
+from rollout import EnvPool, EnvProcess, rollout
 
 
 def log(*a):
@@ -51,12 +53,12 @@ def rollout_throughput(model, tok, jobs, ns, max_steps, processes=False, gen_bat
     prompts of the largest N."""
     rows, prompts = [], []
     for n in ns:
-        workers = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=max_steps), tok, num_envs=n,
+        workers = EnvPool(functools.partial(webenv.WebEnv, max_steps=max_steps), tok, num_envs=n,
                              processes=processes)
         try:
-            rollout(model, tok, workers, jobs[:n], temperature=1.0)  # warm up: launch the browsers
+            rollout(generators.HFGenerator(model, tok), tok, workers, jobs[:n], temperature=1.0)  # warm up: launch the browsers
             t0 = time.perf_counter()
-            trajs, st = rollout(model, tok, workers, jobs, temperature=1.0, gen_batch=gen_batch or max(ns))
+            trajs, st = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=1.0, gen_batch=gen_batch or max(ns))
             wall = time.perf_counter() - t0
         finally:
             workers.close()
@@ -155,7 +157,7 @@ def env_throughput(jobs, n, max_steps, processes):
 
 
 def bench_workers(model, tok, tasks, ns, episodes_per_task, max_steps, env_only=False):
-    """Threads vs processes (rollout.EnvWorkers(processes=...)) on the same jobs for each N: the
+    """Threads vs processes (rollout.EnvPool(processes=...)) on the same jobs for each N: the
     environments alone (scripted expert), then full rollouts with the policy. Modes alternate per N,
     so a drift in the machine's load hits both alike."""
     jobs = jobs_for(tasks, episodes_per_task)
@@ -230,7 +232,7 @@ def step_memory(mode: str, turn: int, ckpt: str):
 def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_share=0.1, seed=0):
     """Kill a random tenth of the browsers during a rollout; count what completes and what is lost."""
     jobs = jobs_for(tasks, episodes_per_task, offset=100)
-    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=max_steps), tok, num_envs=num_envs)
+    workers = EnvPool(lambda task: webenv.WebEnv(task, max_steps=max_steps), tok, num_envs=num_envs)
     rng = random.Random(seed)
     n_kill = max(1, round(kill_share * len(jobs)))
     killed = []
@@ -251,7 +253,7 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
     k.start()
     t0 = time.perf_counter()
     try:
-        trajs, st = rollout(model, tok, workers, jobs, temperature=1.0)
+        trajs, st = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=1.0)
     finally:
         stop.set()
         workers.close()
@@ -263,18 +265,18 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
 
 def bc_padding(demos: str, epochs: float = 2.0, batch_size: int = 32, micro_batch: int = 8, seed: int = 0) -> dict:
     """Token positions a BC run computes (prompt + reply, padded to each micro-batch's longest sample)
-    against the real tokens, over train.py's batches (train.batch_indices) for `demos`, with the
+    against the real tokens, over train.py's batches (supervised.batch_indices) for `demos`, with the
     micro-batches cut from each batch in its random order and sorted by length (what train.py does).
     Returns {samples, real, random, sorted} in tokens."""
     import train
 
     args = train.parse_args(["--mode", "bc", "--demos", demos])
-    lens = [len(p) + len(r) for p, r in train.bc_samples(demos, policy.load_tokenizer(), args)]
+    lens = [len(p) + len(r) for p, r in supervised.bc_samples(demos, policy.load_tokenizer(), args)]
     out = {"samples": len(lens), "real": 0, "random": 0, "sorted": 0}
     for step in range(int(max(1, len(lens) // batch_size) * epochs)):
-        batch = train.batch_indices(lens, step, batch_size, seed, by_length=False)
+        batch = supervised.batch_indices(lens, step, batch_size, seed, by_length=False)
         out["real"] += sum(lens[i] for i in batch)
-        for key, order in (("random", batch), ("sorted", train.batch_indices(lens, step, batch_size, seed))):
+        for key, order in (("random", batch), ("sorted", supervised.batch_indices(lens, step, batch_size, seed))):
             for m in range(0, len(order), micro_batch):
                 mb = order[m:m + micro_batch]
                 out[key] += max(lens[i] for i in mb) * len(mb)

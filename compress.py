@@ -11,6 +11,7 @@ every observation (the ablation), still under the budget.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 # Short on purpose: about 97% of every training sequence is prompt, and this is in all of them.
 SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill('bid', 'text'), "
@@ -55,6 +56,12 @@ def build_messages(history: list[dict], observation: str, *, keep_last: int = 1,
     return msgs
 
 
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Token ids of untrusted text (page or model text) with no special tokens added: a string such as
+    `<|im_end|>` inside it is encoded as the ordinary characters it is, never as a control id."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
 def render(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of the chat, ending with the assistant header (ready for generation)."""
     enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -93,3 +100,22 @@ def build_prompt(tokenizer, history: list[dict], observation: str, *, keep_last:
             return ids
         keep -= max(1, len(ids) - max_tokens)
     return render(tokenizer, build_messages([], "", system=system))
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """How every turn's prompt is built: the same at rollout, in BC targets' prompts and at eval
+    (train.py stores them with each checkpoint, in webdream.json, for eval.py)."""
+    keep_last: int = 1        # observations kept in full, the current one included
+    compress: bool = True     # False: the ablation that keeps every observation (still under the budget)
+    max_tokens: int = 1024    # the prompt's token budget
+    think: bool = False       # ask for a <think> block before the action (THINK_SYSTEM_PROMPT)
+
+    @property
+    def system(self) -> str:
+        return THINK_SYSTEM_PROMPT if self.think else SYSTEM_PROMPT
+
+    def build(self, tokenizer, history: list[dict], observation: str) -> list[int]:
+        """build_prompt with these settings."""
+        return build_prompt(tokenizer, history, observation, keep_last=self.keep_last, compress=self.compress,
+                            max_tokens=self.max_tokens, system=self.system)

@@ -9,7 +9,9 @@
 Greedy decoding by default. Success is full task credit; an episode that ends by an
 infrastructure fault (`env_error`) is neither a success nor a failure: it is left out of the
 rate and counted on its own. Intervals are 95% Wilson score intervals. Writes out/results.md,
-out/results.json and every trajectory to out/trajectories.jsonl.
+out/results.json and every trajectory to out/trajectories.jsonl. --compare also gives each run's
+paired difference against the first run on the episodes they share, with a 95% interval and the
+exact McNemar p-value (stats.paired): the way to tell whether training changed anything.
 
 --report DIR takes a screenshot of the page at every step (about 40 ms each) and writes
 DIR/report.html (report.py): the results table, the training curves of the checkpoint's run
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import time
 
@@ -29,38 +30,11 @@ import torch
 
 import compress
 import env as webenv
+import generators
 import policy
-from rollout import EnvWorkers, rollout
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion, as (low, high) in [0, 1]."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def summarise(trajs: list[dict], tasks: list[str]) -> dict:
-    """Per-task and mean success with intervals from trajectory records."""
-    rows = {}
-    for task in tasks:
-        ts = [t for t in trajs if t["task"] == task]
-        ok = [t for t in ts if not t["env_error"]]
-        s = sum(t["success"] for t in ok)
-        lo, hi = wilson(s, len(ok))
-        # success None: every episode of the task was an env_error, so nothing was measured
-        rows[task] = {"success": s / len(ok) if ok else None, "ci95": [lo, hi], "n": len(ok), "successes": s,
-                      "env_error": len(ts) - len(ok), "mean_steps": sum(t["steps"] for t in ok) / max(1, len(ok))}
-    ok = [t for t in trajs if not t["env_error"]]
-    s = sum(t["success"] for t in ok)
-    lo, hi = wilson(s, len(ok))
-    measured = [r["success"] for r in rows.values() if r["success"] is not None]
-    mean = {"success": s / len(ok) if ok else None, "ci95": [lo, hi], "n": len(ok), "successes": s,
-            "env_error": len(trajs) - len(ok), "task_mean": sum(measured) / len(measured) if measured else None}
-    return {"tasks": rows, "mean": mean}
+import stats
+from rollout import EnvPool, rollout
+from runlog import read_jsonl
 
 
 def _pct(x, fmt: str = ".0%") -> str:
@@ -83,27 +57,28 @@ def _label(path: str) -> str:
 
 
 def compare(runs: list[tuple[str, str]]) -> str:
-    """A markdown table of success per task (columns: runs) over the episodes every run has.
+    """A markdown table of success per task (columns: runs) over the episodes every run has, then
+    each later run against the first, paired on those episodes.
 
     runs: [(label, folder or trajectories.jsonl written by this script)]. Only the (task, seed) pairs
     present in every run count, so runs evaluated on different numbers of seeds compare on the same
     pages; the last rows give each run's mean with its 95% Wilson interval, the episodes compared and
-    the real browser steps they took. Errors: FileNotFoundError for a folder without trajectories.jsonl;
-    ValueError when the runs share no episode.
+    the real browser steps they took. The paired table: gained / lost episodes, the difference in
+    points with its 95% interval, and the exact McNemar p (stats.paired). Errors: FileNotFoundError
+    for a folder without trajectories.jsonl; ValueError when the runs share no episode.
     """
     trajs = {}
     for label, path in runs:
         f = path if path.endswith(".jsonl") else os.path.join(path, "trajectories.jsonl")
         if not os.path.exists(f):
             raise FileNotFoundError(f"{f} not found: python eval.py --ckpt CKPT --out {path} writes it")
-        with open(f) as fh:
-            trajs[label] = [json.loads(line) for line in fh if line.strip()]
+        trajs[label] = read_jsonl(f)
     common = set.intersection(*({(t["task"], t["seed"]) for t in ts} for ts in trajs.values()))
     if not common:
         raise ValueError(f"the runs {[l for l, _ in runs]} share no (task, seed) episode")
     shared = {l: [t for t in ts if (t["task"], t["seed"]) in common] for l, ts in trajs.items()}
     tasks = list(dict.fromkeys(t["task"] for t in next(iter(shared.values()))))
-    sums = {l: summarise(ts, tasks) for l, ts in shared.items()}
+    sums = {l: stats.summarise(ts, tasks) for l, ts in shared.items()}
     lines = ["| task | " + " | ".join(sums) + " |", "|---" * (len(sums) + 1) + "|"]
     for task in tasks:
         lines.append(f"| {task} | " + " | ".join(_pct(s["tasks"][task]["success"]) for s in sums.values()) + " |")
@@ -111,26 +86,34 @@ def compare(runs: list[tuple[str, str]]) -> str:
     lines.append("| **mean (95% CI)** | " + " | ".join(mean(s["mean"]) for s in sums.values()) + " |")
     lines.append("| episodes | " + " | ".join(str(s["mean"]["n"]) for s in sums.values()) + " |")
     lines.append("| real steps | " + " | ".join(str(sum(t["steps"] for t in ts)) for ts in shared.values()) + " |")
+    labels = list(shared)
+    if len(labels) > 1:
+        base = stats.outcomes(shared[labels[0]])
+        lines += ["", f"Paired against {labels[0]} on the same episodes (env_error episodes of either run left out):", "",
+                  "| run | episodes | gained | lost | difference (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
+        for label in labels[1:]:
+            p = stats.paired(base, stats.outcomes(shared[label]))
+            lines.append(f"| {label} | {p['n']} | {p['gained']} | {p['lost']} | {100 * p['diff']:+.1f} points "
+                         f"({100 * p['ci95'][0]:+.1f} to {100 * p['ci95'][1]:+.1f}) | {p['p']:.3g} |")
     return "\n".join(lines) + "\n"
 
 
-def evaluate(model, tokenizer, tasks: list[str], seeds: list[int], *, max_steps: int = 6, num_envs: int = 8,
-             temperature: float = 0.0, max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True,
-             max_prompt_tokens: int = 1024, system: str = compress.SYSTEM_PROMPT, bf16: bool = False,
+def evaluate(generator, tokenizer, tasks: list[str], seeds: list[int], *, max_steps: int = 6, num_envs: int = 8,
+             temperature: float = 0.0, max_new_tokens: int = 32, prompt: compress.PromptSettings = compress.PromptSettings(),
              progress: bool = True, screenshots: bool = False, processes: bool = False) -> tuple[dict, list[dict]]:
-    """Run every (task, seed) once on real pages; return (summary, trajectories).
+    """Run every (task, seed) once on real pages with `generator` (generators.py); return
+    (stats.summarise's summary, trajectories).
     screenshots: keep a JPEG of every page in the trajectories (turn["screenshot"], base64; for report.py).
-    processes: each browser in a process of its own instead of a worker thread (rollout.EnvWorkers)."""
-    pool = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=max_steps, screenshots=screenshots), tokenizer,
-                      num_envs=num_envs, processes=processes)
+    processes: each browser in a process of its own instead of a worker thread (rollout.EnvPool)."""
+    pool = EnvPool(functools.partial(webenv.WebEnv, max_steps=max_steps, screenshots=screenshots), tokenizer,
+                   num_envs=num_envs, processes=processes)
     try:
         jobs = [(t, s) for t in tasks for s in seeds]
-        trajs, _ = rollout(model, tokenizer, pool, jobs, temperature=temperature,
-                           max_new_tokens=max_new_tokens, keep_last=keep_last, compress_context=compress_context,
-                           max_prompt_tokens=max_prompt_tokens, system=system, bf16=bf16, progress=progress, desc="eval")
+        trajs, _ = rollout(generator, tokenizer, pool, jobs, temperature=temperature, max_new_tokens=max_new_tokens,
+                           prompt=prompt, progress=progress, desc="eval")
     finally:
         pool.close()
-    return summarise(trajs, tasks), trajs
+    return stats.summarise(trajs, tasks), trajs
 
 
 def main(argv=None):
@@ -186,12 +169,12 @@ def main(argv=None):
     out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
     os.makedirs(out, exist_ok=True)
     model, tok = policy.load_model(args.ckpt or args.model, device=args.device)
+    prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
+                                     max_tokens=args.max_prompt_tokens, think=args.think)
     t0 = time.time()
-    summary, trajs = evaluate(model, tok, tasks, webenv.eval_seeds(args.seeds), max_steps=args.max_steps,
-                              num_envs=args.num_envs, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                              keep_last=args.keep_last, compress_context=not args.no_compress,
-                              max_prompt_tokens=args.max_prompt_tokens, bf16=bool(args.bf16),
-                              system=compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT,
+    summary, trajs = evaluate(generators.HFGenerator(model, tok, bf16=bool(args.bf16)), tok, tasks,
+                              webenv.eval_seeds(args.seeds), max_steps=args.max_steps, num_envs=args.num_envs,
+                              temperature=args.temperature, max_new_tokens=args.max_new_tokens, prompt=prompt,
                               screenshots=bool(args.report), processes=args.env_workers == "process")
     summary["seconds"] = time.time() - t0
     summary["real_steps"] = sum(t["steps"] for t in trajs)

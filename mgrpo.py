@@ -11,11 +11,19 @@ are masked out), optionally with a k3 KL penalty to a reference model:
     L = - sum_{i,t,k} w_{i,t,k} [ min(rho A_i, clip(rho, 1-eps_low, 1+eps_high) A_i) - beta KL_{i,t,k} ]
     rho = pi(a_{i,t,k} | s_{i,t}, a_{i,t,<k}) / pi_old(a_{i,t,k} | ...)
 
-Averaging: each trajectory counts equally, and within a trajectory every action token of every
-turn counts equally: w = 1 / (num trajectories * action tokens of trajectory i, all turns).
-So a long trajectory does not outweigh a short one, and a long turn inside a trajectory weighs
-in proportion to its tokens. Weights sum to 1 over the whole batch, so summing the loss of
-micro-batches gives the batch loss (gradient accumulation needs no rescaling).
+Averaging (the loss owns it: `token_weights` under a named mode; N = trajectories in the batch):
+
+    "trajectory": w = 1 / (N * |y_i|)              each trajectory weighs the same; within it every action
+                                                   token of every turn the same (|y_i|: its action tokens)
+    "turn":       w = 1 / (N * T_i * |y_{i,t}|)    WebAgent-R1 as written: the mean over a turn's tokens, then
+                                                   over the trajectory's T_i turns, then over trajectories
+                                                   (each turn weighs the same, however long its reply)
+    "token":      w = 1 / (sum_i |y_i|)            every action token of the batch weighs the same (DAPO)
+
+Weights sum to 1 over the whole batch, so summing the loss of micro-batches gives the batch loss
+(gradient accumulation needs no rescaling). Under torchrun N and the token total are the global
+counts (all-reduced by the caller), so each rank's weights sum to its share and the ranks'
+gradients are summed: uneven shares still weigh every trajectory the same.
 
 Each turn is one training sample (its prompt, compressed, plus its reply); samples carry the
 index of the trajectory they came from.
@@ -48,20 +56,37 @@ def group_advantages(rewards: torch.Tensor, groups: list, *, std_floor: float = 
     return adv, zero_var / max(1, len(groups))
 
 
-def token_weights(resp_mask: torch.Tensor, traj_index: torch.Tensor) -> torch.Tensor:
-    """Per-token loss weights w (M, L) for M turn-samples.
+AGGREGATIONS = ("trajectory", "turn", "token")
 
-    resp_mask: (M, L) 1 on action tokens; traj_index: (M,) long, the trajectory of each sample.
-    w = resp_mask / (num trajectories * action tokens of the sample's trajectory over all turns).
-    Trajectories whose masks sum to zero get no weight (and are not counted). Sums to 1 (or 0).
+
+def token_weights(resp_mask: torch.Tensor, traj_index: torch.Tensor, mode: str = "trajectory", *,
+                  num_traj: float | None = None, num_tokens: float | None = None) -> torch.Tensor:
+    """Per-token loss weights w (M, L) for M turn-samples, under an aggregation mode (module doc).
+
+    resp_mask: (M, L) 1 on action tokens; traj_index: (M,) long, the trajectory of each sample (all
+    of a trajectory's turns must be in this call). num_traj / num_tokens: N and the batch's action
+    tokens when the batch spans more than this call (torchrun ranks); default: counted here, from
+    the trajectories and tokens with a nonzero mask. A sample with no action token gets no weight.
+    Sums to 1 with the default counts (0 for an empty mask). Errors: ValueError for an unknown mode.
     """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; one of {AGGREGATIONS}")
     resp_mask = resp_mask.float()
-    per_sample = resp_mask.sum(-1)  # (M,)
-    n_traj = int(traj_index.max()) + 1 if len(traj_index) else 0
-    per_traj = torch.zeros(n_traj).index_add_(0, traj_index, per_sample)  # (num_traj,)
-    live = int((per_traj > 0).sum())
-    denom = per_traj[traj_index].clamp(min=1) * max(live, 1)  # (M,)
-    return resp_mask / denom[:, None]
+    per_sample = resp_mask.sum(-1)  # (M,) action tokens of each turn
+    n = int(traj_index.max()) + 1 if len(traj_index) else 0
+    per_traj = torch.zeros(n).index_add_(0, traj_index, per_sample)  # (n,) action tokens of each trajectory
+    if num_traj is None:
+        num_traj = float((per_traj > 0).sum())
+    if num_tokens is None:
+        num_tokens = float(per_sample.sum())
+    if mode == "token":
+        w = torch.full_like(per_sample, 1.0 / max(num_tokens, 1.0))
+    elif mode == "trajectory":
+        w = 1.0 / (per_traj[traj_index].clamp(min=1) * max(num_traj, 1.0))
+    else:  # turn: each turn with a reply weighs 1 / (N * turns of its trajectory), spread over its tokens
+        turns = torch.zeros(n).index_add_(0, traj_index, (per_sample > 0).float())  # (n,)
+        w = 1.0 / (per_sample.clamp(min=1) * turns[traj_index].clamp(min=1) * max(num_traj, 1.0))
+    return resp_mask * w[:, None]
 
 
 def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, *,
@@ -71,7 +96,7 @@ def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
 
     logp, old_logp: (M, L) log-probs of the action tokens under pi and pi_old (old is detached);
     advantages: (M,) the advantage of each sample's trajectory; weights: (M, L) from
-    `token_weights` (0 off action tokens). ref_logp: (M, L) reference log-probs for the KL term.
+    `token_weights` (0 off action tokens; they carry the aggregation). ref_logp: (M, L) reference log-probs for the KL term.
     Returns (scalar loss, stats) where stats hold weighted means of the ratio, the clip fraction
     and the KL, as floats.
     """

@@ -7,7 +7,7 @@
     python eval.py --ckpt runs/bc/final --seeds 2 --report runs/bc/final/report   # evaluate, then report
     python report.py runs/bc/final/eval/trajectories.jsonl --out /tmp/rep         # from saved trajectories
 
-The report (DIR/report.html) holds: success per task (eval.summarise's table), training curves from
+The report (DIR/report.html) holds: success per task (stats.summarise's table), training curves from
 a train.py metrics.jsonl, then a sample of episodes, failures first, spread over tasks. Each step
 shows the page's screenshot (trajectories collected with WebEnv(screenshots=True); rollout.py stores
 them base64 under turn["screenshot"] and traj["final_screenshot"]), the model's reply, the parsed
@@ -23,11 +23,14 @@ import argparse
 import base64
 import difflib
 import html
-import json
 import math
 import os
 import re
+import sys
 from collections import OrderedDict
+
+import stats
+from runlog import read_jsonl
 
 # train.py's headline metrics, plotted first (any other numeric key follows, in file order)
 CURVE_KEYS = ["rollout/reward", "rollout/success", "loss/policy", "loss/clip_frac", "loss/kl", "loss/bc", "loss/wm"]
@@ -95,20 +98,9 @@ def select_episodes(trajectories: list[dict], max_episodes: int = 50) -> list[di
 
 
 def read_metrics(metrics_path: str) -> list[dict]:
-    """The records of a train.py metrics.jsonl (one JSON object a line with 'step'); bad lines skipped."""
-    rows = []
-    with open(metrics_path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(r, dict) and isinstance(r.get("step"), (int, float)):
-                rows.append(r)
-    return rows
+    """The records of a train.py metrics.jsonl that have a numeric 'step' (runlog.read_jsonl: a cut
+    last line is skipped)."""
+    return [r for r in read_jsonl(metrics_path) if isinstance(r, dict) and isinstance(r.get("step"), (int, float))]
 
 
 def _numeric(v) -> bool:
@@ -200,7 +192,7 @@ def _pct(x) -> str:
 
 
 def summary_table(summary: dict, caption: str = "") -> str:
-    """eval.summarise's dict as an HTML table (success, 95% CI, n, env_error, mean steps)."""
+    """stats.summarise's dict as an HTML table (success, 95% CI, n, env_error, mean steps)."""
     out = ["<table class='summary'>"]
     if caption:
         out.append(f"<caption>{_esc(caption)}</caption>")
@@ -304,9 +296,7 @@ def episode_html(t: dict, idx: int) -> str:
 
 
 def _summaries(trajectories: list[dict]) -> list[tuple[str, dict]]:
-    """eval.summarise per source (one table when every trajectory has the same source)."""
-    import eval as webeval  # lazy: eval imports torch
-
+    """stats.summarise per source (one table when every trajectory has the same source)."""
     trajs = [t for t in trajectories if t is not None]
     by_source: OrderedDict[str, list[dict]] = OrderedDict()
     for t in trajs:
@@ -316,7 +306,7 @@ def _summaries(trajectories: list[dict]) -> list[tuple[str, dict]]:
         tasks = list(OrderedDict.fromkeys(str(t.get("task", "")) for t in ts))
         rows = [{"task": str(t.get("task", "")), "success": bool(t.get("success")), "env_error": bool(t.get("env_error")),
                  "steps": int(t.get("steps", len(t.get("turns") or [])) or 0)} for t in ts]
-        out.append((source if len(by_source) > 1 else "", webeval.summarise(rows, tasks)))
+        out.append((source if len(by_source) > 1 else "", stats.summarise(rows, tasks)))
     return out
 
 
@@ -324,7 +314,7 @@ def write_report(out_dir: str, trajectories: list[dict], summary: dict | None = 
                  title: str = "", max_episodes: int = 50) -> str:
     """Write out_dir/report.html (self-contained) and return its path.
 
-    trajectories: rollout.py records (real, dream or expert). summary: eval.summarise's dict; None:
+    trajectories: rollout.py records (real, dream or expert). summary: stats.summarise's dict; None:
     computed from the trajectories (one table per source). metrics_path: a train.py metrics.jsonl;
     when it exists, its curves are plotted (PNGs in out_dir, also embedded in the HTML).
     max_episodes: how many episodes are shown (failures first, spread over tasks)."""
@@ -389,11 +379,23 @@ def write_report(out_dir: str, trajectories: list[dict], summary: dict | None = 
 
 def load_trajectories(paths: list[str]) -> list[dict]:
     """Every record of some trajectories.jsonl files."""
-    out = []
-    for p in paths:
-        with open(p) as f:
-            out += [json.loads(line) for line in f if line.strip()]
-    return out
+    return [t for p in paths for t in read_jsonl(p)]
+
+
+def due(every: int, it: int, last: int) -> bool:
+    """Whether a training run writes its report after iteration `it` (1-based): every `every`
+    iterations and at the last (never when every is 0)."""
+    return bool(every) and (it % every == 0 or it == last)
+
+
+def write_run_report(out: str, trajectories: list[dict], it: int, mode: str) -> None:
+    """A training run's report, out/report/report.html: this iteration's trajectories (rank 0's share)
+    and the run's curves so far. A report is for people: a failure is printed, never raised."""
+    try:
+        write_report(os.path.join(out, "report"), trajectories, metrics_path=os.path.join(out, "metrics.jsonl"),
+                     title=f"{out}: iteration {it} ({mode} mode)")
+    except Exception as e:
+        print(f"warning: report at iteration {it} failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def main(argv=None):

@@ -13,17 +13,19 @@ slot; no other trajectory is lost. Any environment with the WebEnv interface wor
 (env.py) or dreams (world_model.DreamEnv): `reset(seed, task=...) -> Obs`,
 `step(text) -> (Obs, reward, done, info)`, `close()`.
 
-EnvWorkers(..., processes=True) moves each environment into a child process of its own
+EnvPool(..., processes=True) moves each environment into a child process of its own
 (EnvProcess): the worker threads, the prompts and the batched generation stay here, and only
 reset/step/close travel over a Pipe. Threads share one interpreter (and its GIL) among every
 Playwright client, the page observations and the generator; processes do not, at the price of a
 pickle per call and a Python process per browser. bench.py --only workers measures both.
 
-Trajectory record (DESIGN.md): {task, seed, goal, source, turns: [{prompt_ids, response_ids,
-response_logprobs, observation, response, action, error}], reward, success, env_error, steps}.
-With an env that takes screenshots (WebEnv(screenshots=True)), each turn also holds `screenshot`
-(base64 JPEG of the page the agent acted on) and the trajectory `final_screenshot` (the last page);
-the keys are absent otherwise.
+Each episode is a records.Trajectory (records.py). With an env that takes screenshots
+(WebEnv(screenshots=True)), each turn also holds `screenshot` (base64 JPEG of the page the agent
+acted on) and the trajectory `final_screenshot` (the last page); the keys are absent otherwise.
+
+Faults end one episode, never the rollout: an exception anywhere in a worker (the environment, the
+prompt, the record) or in the generator ends the episodes concerned as `env_error` with the error's
+text, and the others go on.
 """
 from __future__ import annotations
 
@@ -39,23 +41,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 from tqdm import tqdm
 
-import compress
-import policy
-
-
-@dataclass
-class PromptSettings:
-    """How every turn's prompt is built (compress.build_prompt's knobs)."""
-    keep_last: int = 1
-    compress_context: bool = True
-    max_tokens: int = 1024
-    system: str = compress.SYSTEM_PROMPT
+from actions import split_action
+from compress import PromptSettings
+from records import Trajectory, new_trajectory
 
 
 @dataclass
 class _Request:
+    """One agent's prompt, waiting for the generator; the reply comes back on `reply`: a
+    policy.Sample, None (the rollout is over) or an Exception (generation failed)."""
     prompt: list[int]
     reply: "queue.Queue" = field(default_factory=lambda: queue.Queue(maxsize=1))
 
@@ -63,13 +60,13 @@ class _Request:
 class _Worker(threading.Thread):
     """One environment in one thread, running the episodes it is handed."""
 
-    def __init__(self, pool: "EnvWorkers", wid: int):
+    def __init__(self, pool: "EnvPool", wid: int):
         super().__init__(daemon=True, name=f"env-worker-{wid}")
         self.pool, self.wid = pool, wid
         self.env = None
         self.abandoned = False
         self.step_started: float | None = None  # when the current reset/step began (watchdog)
-        self.current: tuple | None = None  # (batch, job index, trajectory) being collected
+        self.current: tuple | None = None  # (rollout call, job index, trajectory) being collected
 
     def run(self):
         while not self.abandoned:  # an abandoned worker must not take a job on its way out: it would be lost
@@ -79,11 +76,15 @@ class _Worker(threading.Thread):
             if self.abandoned:  # (abandonment happens during a step, so this is only a safety net)
                 self.pool.jobs.put(item)
                 break
-            batch, j, task, seed = item
-            traj = self.episode(batch, j, task, seed)
+            call, j, task, seed = item
+            try:
+                traj = self.episode(call, j, task, seed)
+            except Exception as e:  # the prompt, the record, the generator: this episode ends, the worker goes on
+                traj = self.current[2] if self.current else new_trajectory(task, seed, call.source)
+                traj.update(env_error=True, error=f"worker error: {type(e).__name__}: {e}")
             self.current = None
             if not self.abandoned:
-                batch.finish(j, traj)
+                call.finish(j, traj)
         if self.env is not None and not self.abandoned:
             self.env.close()
 
@@ -95,13 +96,14 @@ class _Worker(threading.Thread):
         finally:
             self.step_started = None
 
-    def episode(self, batch: "_Batch", j: int, task: str, seed: int) -> dict:
-        traj = {"task": task, "seed": seed, "goal": "", "source": batch.source, "turns": [], "reward": 0.0,
-                "success": False, "env_error": False, "steps": 0}
-        self.current = (batch, j, traj)
+    def episode(self, call: "_RolloutCall", j: int, task: str, seed: int) -> Trajectory:
+        """One whole episode of `task` on page `seed`. Environment faults end it as env_error here;
+        any other exception propagates to run(), which does the same."""
+        traj = new_trajectory(task, seed, call.source)
+        self.current = (call, j, traj)
         t0 = time.perf_counter()
         try:
-            # A browser (re)launch waits for one of pool.launches slots (see EnvWorkers). A launch that
+            # A browser (re)launch waits for one of pool.launches slots (see EnvPool). A launch that
             # hangs keeps its slot until the watchdog kills it; the wait for a slot is bounded all the
             # same, so launches can never stall the pool.
             launch = self.env is None or getattr(self.env, "needs_launch", False)
@@ -125,21 +127,21 @@ class _Worker(threading.Thread):
             self.env = None
             return traj
         finally:
-            batch.add("env_s", time.perf_counter() - t0)
+            call.add("env_s", time.perf_counter() - t0)
         traj["goal"] = getattr(obs, "goal", "")
         if getattr(obs, "env_error", False):  # the browser could not load the page: no step is taken
             traj.update(env_error=True, error=obs.error)
             return traj
-        s = batch.settings
         while True:
             history = [{"observation": u["observation"], "response": u["response"]} for u in traj["turns"]]
-            prompt = compress.build_prompt(self.pool.tokenizer, history, obs.text, keep_last=s.keep_last,
-                                           compress=s.compress_context, max_tokens=s.max_tokens, system=s.system)
+            prompt = call.settings.build(self.pool.tokenizer, history, obs.text)
             req = _Request(prompt)
-            batch.requests.put(req)
+            call.requests.put(req)
             sample = req.reply.get()
             if sample is None or self.abandoned:  # the rollout was cancelled
                 return traj
+            if isinstance(sample, Exception):
+                raise sample
             t0 = time.perf_counter()
             try:
                 obs_next, reward, done, info = self._timed(self.env.step, sample.text)
@@ -148,12 +150,14 @@ class _Worker(threading.Thread):
                 info = {"env_error": True, "error": f"{type(e).__name__}: {e}", "action": None}
             if self.abandoned:  # the watchdog already ended this episode as env_error
                 return traj
-            batch.add("env_s", time.perf_counter() - t0)
-            batch.add("env_steps", 1)
+            call.add("env_s", time.perf_counter() - t0)
+            call.add("env_steps", 1)
             traj["turns"].append({"prompt_ids": prompt, "response_ids": sample.ids,
                                   "response_logprobs": sample.logprobs, "observation": obs.text,
                                   "response": sample.text, "action": info.get("action"),
                                   "error": info.get("error", ""), "truncated": sample.truncated})
+            if sample.entropy is not None:
+                traj["turns"][-1]["entropy"] = sample.entropy
             _add_screenshot(traj["turns"][-1], "screenshot", obs)
             traj["steps"] += 1
             if done:
@@ -174,8 +178,8 @@ def _add_screenshot(record: dict, key: str, obs) -> None:
         record[key] = base64.b64encode(shot).decode("ascii")
 
 
-class _Batch:
-    """The jobs of one rollout call: results, pending generation requests, counters."""
+class _RolloutCall:
+    """The state of one rollout() call: its jobs' results, the agents waiting for a reply, counters."""
 
     def __init__(self, n: int, source: str, settings: PromptSettings):
         self.results: list[dict | None] = [None] * n
@@ -202,7 +206,7 @@ class _Batch:
         self.requests.put(None)  # wake the generator so that it sees the progress
 
 
-class EnvWorkers:
+class EnvPool:
     """`num_envs` long-lived worker threads, each owning one environment built by `make_env(task)`.
 
     Keep one for the whole run: browsers then launch once, not once per rollout. `close()` ends
@@ -261,16 +265,16 @@ class EnvWorkers:
             started, current = w.step_started, w.current
             if started is not None and current is not None and now - started > self.step_timeout and not w.abandoned:
                 w.abandoned = True
-                batch, j, traj = current
+                call, j, traj = current
                 traj.update(env_error=True, error=f"step timed out after {self.step_timeout:.0f} s")
-                batch.finish(j, traj)
+                call.finish(j, traj)
                 try:  # unstick the thread: its browser (or env process) dies, its call raises, the thread ends
                     kill = getattr(w.env, "kill", None) or w.env.close
                     threading.Thread(target=kill, daemon=True).start()
                 except Exception:
                     pass
                 self.workers[k] = self._spawn(w.wid)
-                batch.add("env_timeouts", 1)
+                call.add("env_timeouts", 1)
 
     def close(self):
         for _ in self.workers:
@@ -406,53 +410,85 @@ class EnvProcess:
         self.proc.join(timeout=5)
 
 
-def rollout(model, tokenizer, workers: EnvWorkers, jobs: list[tuple[str, int]], *, temperature: float = 1.0,
-            max_new_tokens: int = 32, keep_last: int = 1, compress_context: bool = True, max_prompt_tokens: int = 1024,
-            system: str = compress.SYSTEM_PROMPT, gen_batch: int = 16, bf16: bool = False, source: str = "real",
-            progress: bool = False, desc: str = "rollout", linger: float = 0.02) -> tuple[list[dict], dict]:
-    """Run one episode per job (task, seed) on the workers; return (trajectories in job order, stats).
+def rollout(generator, tokenizer, pool: EnvPool, jobs: list[tuple[str, int]], *, temperature: float = 1.0,
+            max_new_tokens: int = 32, prompt: PromptSettings = PromptSettings(), gen_batch: int = 16,
+            source: str = "real", progress: bool = False, desc: str = "rollout",
+            linger: float = 0.02) -> tuple[list[Trajectory], dict]:
+    """Run one episode per job (task, seed) on the pool; return (trajectories in job order, stats).
 
-    The generator waits at most `linger` seconds after the first waiting agent for others to join
-    the batch. stats: generate_s, env_s (summed over workers), env_steps (real browser steps),
-    generated/prompt tokens, generate_calls, env_timeouts, wall_s.
+    generator: a policy generator (generators.py: `generate(prompts, ...) -> [Sample]`); every
+    waiting agent's prompt goes into one batched call, after waiting at most `linger` seconds
+    beyond the first for others to join. A generator that raises ends the episodes of that call
+    as env_error. stats (summed over workers): generate_s, env_s, env_steps (environment steps),
+    generated_tokens, prompt_tokens, generate_calls, env_timeouts, wall_s.
     """
-    settings = PromptSettings(keep_last, compress_context, max_prompt_tokens, system)
-    batch = _Batch(len(jobs), source, settings)
+    call = _RolloutCall(len(jobs), source, prompt)
     for j, (task, seed) in enumerate(jobs):
-        workers.jobs.put((batch, j, task, seed))
+        pool.jobs.put((call, j, task, seed))
     bar = tqdm(total=len(jobs), desc=desc, disable=not progress, leave=False)
     t_start = time.perf_counter()
-    while not batch.finished.is_set():
+    while not call.finished.is_set():
         try:
-            first = batch.requests.get(timeout=1.0)
+            first = call.requests.get(timeout=1.0)
         except queue.Empty:
             first = None
         pending = [first] if first is not None else []
         deadline = time.perf_counter() + linger
         while len(pending) < gen_batch:
             try:
-                r = batch.requests.get(timeout=max(0.0, deadline - time.perf_counter()))
+                r = call.requests.get(timeout=max(0.0, deadline - time.perf_counter()))
             except queue.Empty:
                 break
             if r is not None:
                 pending.append(r)
-        bar.n = batch.done
+        bar.n = call.done
         bar.refresh()
         if pending:
             t0 = time.perf_counter()
-            # `model` is a model (sampled with HF generate, bf16 as given) or a generator object (policy.py)
-            gen = model if policy.is_generator(model) else policy.HFGenerator(model, tokenizer, bf16=bf16)
-            samples = gen.generate([r.prompt for r in pending], max_new_tokens=max_new_tokens,
-                                   temperature=temperature, batch_size=gen_batch)
-            batch.add("generate_s", time.perf_counter() - t0)
-            batch.add("generated_tokens", sum(len(s.ids) for s in samples))
-            batch.add("prompt_tokens", sum(len(r.prompt) for r in pending))
-            batch.add("generate_calls", 1)
+            try:
+                samples = generator.generate([r.prompt for r in pending], max_new_tokens=max_new_tokens,
+                                             temperature=temperature, batch_size=gen_batch)
+                if len(samples) != len(pending):
+                    raise RuntimeError(f"the generator returned {len(samples)} replies for {len(pending)} prompts")
+            except Exception as e:  # these agents' episodes end as env_error; the rollout goes on
+                samples = [RuntimeError(f"generation failed: {type(e).__name__}: {e}")] * len(pending)
+            call.add("generate_s", time.perf_counter() - t0)
+            call.add("generated_tokens", sum(len(s.ids) for s in samples if not isinstance(s, Exception)))
+            call.add("prompt_tokens", sum(len(r.prompt) for r in pending))
+            call.add("generate_calls", 1)
             for r, s in zip(pending, samples):
                 r.reply.put(s)
-        workers.watchdog()
-    bar.n = batch.done
+        pool.watchdog()
+    bar.n = call.done
     bar.close()
-    stats = dict(batch.stats)
+    stats = dict(call.stats)
     stats["wall_s"] = time.perf_counter() - t_start
-    return batch.results, stats
+    return call.results, stats
+
+
+def named_bid_missing(turn: dict) -> bool:
+    """Whether the turn's action names a bid that is not on the page it acted on (a reply such as
+    click('7777') on a page without [7777]): a sign of a policy that has stopped reading the page."""
+    if not turn.get("action"):
+        return False
+    name, args = split_action(turn["action"])
+    return bool(args) and name not in ("scroll", "send_msg_to_user") and f"[{args[0]}]" not in turn["observation"]
+
+
+def rollout_metrics(trajs: list[Trajectory], stats: dict) -> dict:
+    """One rank's rollout figures for the log, over the episodes that did not end in env_error:
+    success, turns, parse errors, replies naming a bid not on the page, the sampling entropy (nats
+    per reply token); the env_error share; the rollout's counts and timings (seconds)."""
+    valid = [t for t in trajs if not t["env_error"]]
+    turns = [u for t in valid for u in t["turns"]]
+    ent = [u["entropy"] for u in turns if "entropy" in u]
+    return {"rollout/success": np.mean([t["success"] for t in valid]) if valid else 0.0,
+            "rollout/turns": np.mean([t["steps"] for t in valid]) if valid else 0.0,
+            "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for u in turns] or [0]),
+            "rollout/missing_bid": np.mean([named_bid_missing(u) for u in turns] or [0]),
+            "rollout/entropy": np.mean(ent) if ent else 0.0,
+            "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
+            "env/timeouts": stats.get("env_timeouts", 0.0),
+            "perf/rollout_s": stats.get("wall_s", 0.0), "perf/generate_s": stats.get("generate_s", 0.0),
+            "perf/env_s": stats.get("env_s", 0.0), "perf/generated_tokens": stats.get("generated_tokens", 0.0),
+            "perf/prompt_tokens": stats.get("prompt_tokens", 0.0)}

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from runlog import read_jsonl
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -45,8 +47,7 @@ def run_point(args, value: str, extra: list[str]) -> dict:
             json.dump(r, f, indent=1)
     with open(results) as f:
         r = json.load(f)
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        last = [json.loads(line) for line in f][-1]
+    last = read_jsonl(os.path.join(out, "metrics.jsonl"))[-1]
     r["real_steps"] = last.get("env/real_steps", 0)
     r["dream_steps"] = last.get("dream/steps", 0)
     return r

@@ -15,19 +15,25 @@
 --mode dream: DynaWeb: GSPO (gspo.py) on imagined rollouts (world_model.DreamEnv, run by rollout.py
              unchanged), with a share --real-ratio of every batch made of real expert trajectories.
 
-Under torchrun each rank collects its own groups on its own share of the tasks and gradients
-are averaged across ranks (gloo on CPU, nccl on GPU). Checkpoints are Hugging Face folders
-(safetensors) plus optimizer, step and RNG state, written atomically; --resume continues from
-the newest. Metrics go to TensorBoard (out/tb) and out/metrics.jsonl.
+This file is the wiring: the flags, the model, optimizer, generator and logger, and the real-mode
+loop (rollout -> update -> log -> checkpoint). The pieces, one idea a file: supervised.py (the bc/wm
+loop), dream.py (the DynaWeb loop), rollout.py (asynchronous collection), update.py (the policy
+update), mgrpo.py / gspo.py (the losses), checkpoint.py, runlog.py (metrics), distributed.py.
+
+Under torchrun each rank collects its own groups on its own share of the tasks; losses are
+normalised by global counts and gradients summed over ranks (gloo on CPU, nccl on GPU).
+Checkpoints are Hugging Face folders (safetensors) plus optimizer, step and RNG state, written
+atomically; --resume continues from the newest. Metrics go to TensorBoard (out/tb) and
+out/metrics.jsonl.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
+import math
 import os
 import random
-import shutil
 import sys
 import time
 
@@ -36,13 +42,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import checkpoint
 import compress
+import curriculum
+import distributed
 import env as webenv
-import experts
-import gspo
-import mgrpo
+import generators
 import policy
-from rollout import EnvWorkers, rollout
+import report
+import rollout as rollouts
+import update
+from runlog import Logger
 
 
 def parse_args(argv=None):
@@ -111,6 +121,20 @@ def parse_args(argv=None):
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial model (0: no reference model)")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
+    g.add_argument("--aggregation", choices=["trajectory", "turn", "token"], default="trajectory",
+                   help="M-GRPO token weights (mgrpo.py): each trajectory the same, each turn the same (WebAgent-R1 "
+                        "as written), or each token the same")
+    g.add_argument("--curriculum", choices=["signal", "uniform"], default="signal",
+                   help="which tasks the groups come from: weighted by the chance that a group has signal, from "
+                        "running success rates (curriculum.py), or cycling through the tasks")
+    g.add_argument("--dynamic-sampling", type=float, default=3.0, metavar="CAP",
+                   help="keep drawing groups until --groups-per-iter of them have signal (rewards not all equal), "
+                        "drawing at most CAP times that many; groups without signal are not trained on (0: off, "
+                        "train on the groups as drawn)")
+    g.add_argument("--eval-every", type=int, default=0,
+                   help="greedy success on the first --eval-seeds eval seeds of every task every N iterations and at "
+                        "the start and the end (eval/success; trajectories in out/evals/); 0: never")
+    g.add_argument("--eval-seeds", type=int, default=2, help="eval seeds per task for --eval-every")
     g = p.add_argument_group("dream mode (DynaWeb)")
     g.add_argument("--world-model", default="runs/wm/final", help="world-model checkpoint (train.py --mode wm)")
     g.add_argument("--real-ratio", type=float, default=0.4,
@@ -148,6 +172,8 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.dynamic_sampling and args.dynamic_sampling < 1:
+        p.error(f"--dynamic-sampling CAP must be 0 (off) or at least 1, got {args.dynamic_sampling}")
     if rl and args.groups_per_iter % world:
         p.error(f"--groups-per-iter {args.groups_per_iter} must divide evenly over {world} ranks")
     if args.tiny and args.init:
@@ -162,172 +188,28 @@ def parse_args(argv=None):
         args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
     if args.clip_high is None:
         args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
-    args.system = compress.THINK_SYSTEM_PROMPT if args.think else compress.SYSTEM_PROMPT
     if args.max_new_tokens is None:
         args.max_new_tokens = 64 if args.think else 32
+    args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
+                                          max_tokens=args.max_prompt_tokens, think=args.think)
+    # what eval.py needs to prompt a checkpoint the way it was trained (webdream.json)
+    args.prompt_settings = {"keep_last": args.keep_last, "no_compress": args.no_compress, "think": args.think,
+                            "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps,
+                            "max_new_tokens": args.max_new_tokens}
     return args
 
 
-# ----------------------------------------------------------------------------- distributed
-def setup_distributed():
-    """torchrun sets RANK/WORLD_SIZE; plain `python` runs as rank 0 of 1."""
-    rank, world, local = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if world > 1:
-        # metrics are reduced as CPU tensors, so GPU runs need gloo beside nccl
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cpu":  # share the cores between the processes of this node
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    else:
-        torch.cuda.set_device(device)
-    return rank, world, device
-
-
-def all_mean(values: dict, world: int) -> dict:
-    """Average a dict of floats over ranks."""
-    if world == 1 or not values:
-        return values
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return {k: float(v) / world for k, v in zip(keys, t)}
-
-
-def all_sum(x: float, world: int) -> float:
-    if world == 1:
-        return x
-    t = torch.tensor([float(x)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t)
-
-
-def average_gradients(model, world: int):
-    """DDP's gradient all-reduce, spelled out: every rank ends with the mean gradient.
-
-    Under --fsdp FSDP reduce-scatters the gradients itself (each backward, or once here inside
-    policy.full_params); clip_grad_norm_ then takes the global norm of the sharded DTensor grads."""
-    if policy.is_sharded(model):
-        policy.reduce_sharded_grads(model)
-        return
-    if world == 1:
-        return
-    for p in model.parameters():
-        if p.requires_grad:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
-            p.grad /= world
-
-
-# ----------------------------------------------------------------------------- logging
-class Logger:
-    """`log(metrics, step)`: TensorBoard + JSONL on rank 0, a no-op elsewhere."""
-
-    def __init__(self, out: str, enabled: bool):
-        self.enabled = enabled
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(os.path.join(out, "tb"))
-            self.jsonl = open(os.path.join(out, "metrics.jsonl"), "a")
-
-    def log(self, metrics: dict, step: int):
-        if not self.enabled:
-            return
-        for k, v in metrics.items():
-            self.tb.add_scalar(k, v, step)
-        self.jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self.jsonl.flush()
-        self.tb.flush()
-
-    def truncate(self, step: int):
-        """On resume: forget the lines logged after the checkpoint we restart from (they are redone)."""
-        if not self.enabled:
-            return
-        path = self.jsonl.name
-        self.jsonl.close()
-        with open(path) as f:
-            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        with open(path, "w") as f:
-            f.writelines(keep)
-        self.jsonl = open(path, "a")
-
-    def close(self):
-        if self.enabled:
-            self.tb.close()
-            self.jsonl.close()
-
-
-# ----------------------------------------------------------------------------- checkpoints
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int,
-                    rank: int = 0, world: int = 1, settings: dict | None = None):
-    """Write out/name atomically (a temp folder, then rename) and point out/latest at it.
-
-    Collective: every rank calls it (each rank's RNG state is gathered so that a resumed run
-    draws what an uninterrupted one would); rank 0 writes. `settings` (the prompt format the
-    model was trained with) goes to webdream.json, which eval.py reads.
-    """
-    rngs = [None] * world
-    if world > 1:
-        dist.all_gather_object(rngs, rng_state())
-    else:
-        rngs = [rng_state()]
-    weights = None  # None: save_pretrained takes the model's own state dict
-    if policy.is_sharded(model):  # --fsdp: gather full weights and optimizer state on rank 0 (collective)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        weights = policy.full_state_dict(model)
-        opt_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        final = os.path.join(out, name)
-        tmp, old = final + ".tmp", final + ".old"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        # under --fsdp the optimizer state is keyed by parameter name (torch.distributed.checkpoint's full form)
-        torch.save({"optimizer": optimizer.state_dict() if weights is None else opt_state, "step": step,
-                    "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
-        with open(os.path.join(tmp, "webdream.json"), "w") as f:
-            json.dump({"step": step, **(settings or {})}, f, indent=1)
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.exists(final):
-            os.replace(final, old)  # never a moment with neither the old nor the new folder
-        os.replace(tmp, final)
-        with open(os.path.join(out, "latest.tmp"), "w") as f:
-            f.write(name)
-        os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
-        shutil.rmtree(old, ignore_errors=True)
-        steps = sorted(d for d in os.listdir(out) if d.startswith("step-") and d[5:].isdigit())
-        for d in steps[:-keep] if keep > 0 else []:
-            shutil.rmtree(os.path.join(out, d), ignore_errors=True)
-    barrier(world)
-
-
-def prompt_settings(args) -> dict:
-    """What eval.py needs to prompt a checkpoint the way it was trained."""
-    return {"keep_last": args.keep_last, "no_compress": args.no_compress, "think": args.think,
-            "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps,
-            "max_new_tokens": args.max_new_tokens}
-
-
-def latest_checkpoint(out: str) -> str | None:
-    try:
-        with open(os.path.join(out, "latest")) as f:
-            path = os.path.join(out, f.read().strip())
-        return path if os.path.isdir(path) else None
-    except FileNotFoundError:
-        return None
+def update_config(args) -> update.UpdateConfig:
+    """The policy update's knobs from the flags."""
+    return update.UpdateConfig(loss=args.loss, aggregation=args.aggregation, clip_low=args.clip_low,
+                               clip_high=args.clip_high, kl_coef=args.kl_coef, ppo_epochs=args.ppo_epochs,
+                               minibatches=args.minibatches, micro_batch=args.micro_batch,
+                               temperature=args.temperature, max_grad_norm=args.max_grad_norm, bf16=bool(args.bf16))
 
 
 def build_model(args, device, path=None, fsdp=None):
-    """(model, tokenizer); with --fsdp (or fsdp=True) the model is sharded over the ranks (policy.shard)."""
+    """(model, tokenizer) to train: from `path` (a checkpoint being resumed), else --init, --tiny or
+    --model; identical on every rank (rank 0's weights are broadcast); sharded with --fsdp."""
     fsdp = args.fsdp if fsdp is None else fsdp
     if fsdp and not (dist.is_initialized() and dist.get_world_size() > 1):
         raise RuntimeError("--fsdp shards the model over torchrun's processes: run "
@@ -349,618 +231,161 @@ def build_model(args, device, path=None, fsdp=None):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if fsdp:
-        policy.shard(model)  # after the broadcast: every rank shards the same weights
+        distributed.shard(model)  # after the broadcast: every rank shards the same weights
     return model, tok
 
 
-# ----------------------------------------------------------------------------- behaviour cloning
-def bc_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, action ids + end-of-turn) for every turn of every expert trajectory, with the
-    prompt built exactly as at rollout time (compression, budget, system prompt)."""
-    samples = [s for traj in expert_trajectories(path, args) for s in expert_turns(traj, tokenizer, args)]
-    if not samples:
-        raise ValueError(f"{path} holds no successful expert trajectory for tasks {args.tasks}")
-    return samples
+def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int, world: int) -> tuple[list, list, dict]:
+    """This rank's rollouts of iteration `it`: (trajectories to train on, every trajectory rolled out,
+    counts). Groups come from the curriculum, G rollouts each. With dynamic sampling, groups whose
+    rewards are all equal are set aside and more are drawn until groups_per_iter / world groups have
+    signal, or CAP times that many were drawn; the first draw already allows for the share expected
+    to have none. Without it, the groups are trained on as drawn."""
+    need = args.groups_per_iter // world
+    rng = random.Random((args.seed * 1_000_003 + it) * 1_009 + rank)  # each rank its own groups
+    cap = max(need, int(args.dynamic_sampling * need)) if args.dynamic_sampling else need
+    kept, rolled, counts = [], [], {"groups_drawn": 0, "groups_kept": 0}
+    rstats: dict = {}
+    while len(kept) < need and counts["groups_drawn"] < cap:
+        missing = need - len(kept)
+        if args.dynamic_sampling:  # over-draw by the signal rate seen so far (or expected)
+            rate = (counts["groups_kept"] / counts["groups_drawn"] if counts["groups_drawn"]
+                    else sum(cur.weight(t) for t in cur.tasks) / len(cur.tasks))
+            missing = min(cap - counts["groups_drawn"], math.ceil(missing / max(rate, 0.2)))
+        groups = cur.draw(missing, rng)
+        jobs = [g for g in groups for _ in range(args.group_size)]
+        trajs, st = rollouts.rollout(gen, tok, pool, jobs, temperature=args.temperature,
+                                     max_new_tokens=args.max_new_tokens, prompt=args.prompt, progress=rank == 0,
+                                     desc=f"rollout {it}")
+        for k, v in st.items():
+            rstats[k] = rstats.get(k, 0.0) + v
+        cur.update(trajs)
+        rolled += trajs
+        keep, _ = curriculum.split_by_signal(trajs, args.group_size)
+        counts["groups_drawn"] += len(groups)
+        counts["groups_kept"] += len(keep)
+        kept += keep if args.dynamic_sampling else [trajs[k:k + args.group_size] for k in range(0, len(trajs), args.group_size)]
+        if not args.dynamic_sampling:
+            break
+    return [t for g in kept[:need] for t in g], rolled, {**counts, **rstats}
 
 
-def expert_trajectories(path: str, args) -> list[dict]:
-    """The successful expert trajectories of args.tasks in a demos file (experts.py)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--demos {path} not found: write it with `python experts.py --out {path}`")
-    with open(path) as f:
-        trajs = [json.loads(line) for line in f if line.strip()]
-    return [t for t in trajs if t.get("success") and t["task"] in args.tasks]
+def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
+    """Greedy success on the first --eval-seeds eval seeds of every task (the same episodes every
+    time), each rank a share of them; trajectories to out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
+    import stats
+
+    jobs = [(t, s) for t in args.tasks for s in webenv.eval_seeds(args.eval_seeds)][rank::world]
+    trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
+                                prompt=args.prompt, progress=rank == 0, desc=f"eval {it}")
+    s = stats.summarise(trajs, args.tasks)["mean"]
+    n, k, err = distributed.all_sums([s["n"], s["successes"], s["env_error"]], world)
+    if rank == 0:
+        os.makedirs(os.path.join(args.out, "evals"), exist_ok=True)
+        with open(os.path.join(args.out, "evals", f"iter-{it:06d}.jsonl"), "w") as f:
+            f.writelines(json.dumps({k: v for k, v in t.items() if k != "turns"} | {"turns": [
+                {k: v for k, v in u.items() if k not in ("prompt_ids", "screenshot")} for u in t["turns"]]}) + "\n"
+                for t in trajs)
+    lo, hi = stats.wilson(int(k), int(n))
+    return {"eval/success": k / n if n else 0.0, "eval/ci_low": lo, "eval/ci_high": hi, "eval/n": n, "eval/env_error": err}
 
 
-def expert_turns(traj: dict, tokenizer, args) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, reply ids + end-of-turn) for each turn of one expert trajectory."""
-    eos = tokenizer.eos_token_id
-    history, out = [], []
-    for turn in traj["turns"]:
-        prompt = compress.build_prompt(tokenizer, history, turn["observation"], keep_last=args.keep_last,
-                                       compress=not args.no_compress, max_tokens=args.max_prompt_tokens,
-                                       system=args.system)
-        response = turn.get("response") or turn["action"]
-        if args.think and not turn.get("response"):  # the thinking format: a short grounded thought first
-            response = f"<think>{experts.thought(turn['observation'], turn['action'])}</think>{response}"
-        out.append((prompt, tokenizer.encode(response, add_special_tokens=False) + [eos]))
-        history.append({"observation": turn["observation"], "response": response})
-    return out
-
-
-def batch_indices(lengths: list[int], step: int, batch_size: int, seed: int, rank: int = 0, world: int = 1,
-                  by_length: bool = True) -> list[int]:
-    """This rank's samples for optimizer step `step` (0-based) of --mode bc/wm: each epoch a
-    permutation seeded with seed + epoch (the same on every rank), cut into consecutive batches of
-    batch_size (the remainder is left out); rank takes [rank::world] of its batch, sorted by
-    length, longest first. Sorting changes no gradient (the same sum over the same samples) but
-    makes micro-batches of similar lengths, which pad less (the default BC run: 1.18x the real
-    tokens instead of 1.51x; bench.py --only padding, which passes by_length=False)."""
-    per_epoch = max(1, len(lengths) // batch_size)
-    epoch, offset = divmod(step, per_epoch)
-    order = np.random.default_rng(seed + epoch).permutation(len(lengths))
-    batch = order[offset * batch_size:(offset + 1) * batch_size][rank::world].tolist()
-    return sorted(batch, key=lambda i: -lengths[i]) if by_length else batch
-
-
-def train_supervised(args, rank, world, device, logger):
-    """--mode bc (policy on expert actions) and --mode wm (world model on Δ): the same loop,
-    -log p(target | prompt) averaged over target tokens, on different samples."""
-    resume = latest_checkpoint(args.out) if args.resume else None
-    model, tok = build_model(args, device, path=resume)
-    if args.mode == "bc":
-        samples = bc_samples(args.demos, tok, args)
-    else:
-        samples = wm_samples(args.transitions, tok, args)
-    tag = args.mode
-    per_rank = args.batch_size // world
-    assert per_rank >= 1 and args.batch_size % world == 0, "--batch-size must divide evenly across ranks"
-    steps_per_epoch = max(1, len(samples) // args.batch_size)
-    total_steps = max(1, int(steps_per_epoch * args.epochs))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps))
-    step = 0
-    if resume:
-        step = restore_state(resume, opt, rank=rank, model=model)
-        logger.truncate(step)
-        sched.last_epoch = step
-    print0(rank, f"{tag}: {len(samples)} samples, {total_steps} steps of {args.batch_size}, lr {args.lr}, world {world}")
-    bar = tqdm(total=total_steps, initial=step, desc=tag, disable=rank != 0)
-    t_start, tokens = time.time(), 0
-    lengths = [len(prompt) + len(target) for prompt, target in samples]
-    while step < total_steps:
-        batch = batch_indices(lengths, step, args.batch_size, args.seed, rank, world)
-        model.train()
-        n_tok = sum(len(samples[i][1]) for i in batch)
-        loss_sum = 0.0
-        t0 = time.time()
-        for mb in range(0, len(batch), args.micro_batch):
-            idx = batch[mb:mb + args.micro_batch]
-            ids, mask, resp_mask, L = policy.response_batch([samples[i][0] for i in idx], [samples[i][1] for i in idx], tok.pad_token_id)
-            with policy.autocast(device, bool(args.bf16)):
-                logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L)  # (B, L)
-            loss = -(logp * resp_mask.to(device)).sum() / n_tok  # token mean over the rank's batch
-            loss.backward()
-            loss_sum += loss.item()
-            tokens += int(mask.sum())
-        average_gradients(model, world)
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        m = all_mean({f"loss/{tag}": loss_sum, "loss/grad_norm": float(gnorm)}, world)
-        m.update({"perf/step_s": time.time() - t0, "perf/tokens_per_s": all_sum(tokens, world) / (time.time() - t_start),
-                  "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch})
-        logger.log(m, step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{m[f'loss/{tag}']:.3f}")
-        if step % args.save_every == 0 or step == total_steps:
-            save_checkpoint(args.out, f"step-{step:06d}", model, tok, opt, step, {}, args.keep_ckpts, rank, world,
-                            prompt_settings(args))
-    bar.close()
-    save_checkpoint(args.out, "final", model, tok, opt, step, {}, args.keep_ckpts, rank, world, prompt_settings(args))
-    return model
-
-
-def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, Δ ids + end-of-turn) for every recorded real transition (world_model.py)."""
-    import world_model
-
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--transitions {path} not found: write it with `python world_model.py --collect`")
-    trs = [t for t in world_model.load_transitions(path) if t["task"] in args.tasks]
-    samples = world_model.wm_samples(trs, tokenizer, max_tokens=args.max_prompt_tokens)
-    if not samples:
-        raise ValueError(f"{path} holds no usable transition for tasks {args.tasks}")
-    return samples
-
-
-# ----------------------------------------------------------------------------- M-GRPO on real pages
-def reporting(args, it: int) -> bool:
-    """Whether iteration `it` (1-based) writes a report: every --report-every, and the last."""
-    return bool(args.report_every) and (it % args.report_every == 0 or it == args.iterations)
-
-
-def maybe_report(args, rank: int, it: int, trajs: list[dict]) -> None:
-    """Every --report-every iterations and at the last, rank 0 writes out/report/report.html
-    (report.py): this iteration's trajectories (rank 0's share) and the run's curves so far."""
-    if rank != 0 or not reporting(args, it):
-        return
-    import report
-
-    try:
-        report.write_report(os.path.join(args.out, "report"), trajs, metrics_path=os.path.join(args.out, "metrics.jsonl"),
-                            title=f"{args.out}: iteration {it} ({args.mode} mode)")
-    except Exception as e:  # a report is for people: it must never end a training run
-        print(f"warning: report at iteration {it} failed: {type(e).__name__}: {e}", file=sys.stderr)
-
-
-def rollout_metrics(trajs: list[dict], rstats: dict, t_roll: float) -> dict:
-    """One rank's rollout figures for the log: success, turns and parse errors over the episodes that
-    did not end in env_error, the env_error share, and the rollout's timings (seconds)."""
-    ok = [t for t in trajs if not t["env_error"]]
-    return {"rollout/success": np.mean([t["success"] for t in ok]) if ok else 0.0,
-            "rollout/turns": np.mean([t["steps"] for t in ok]) if ok else 0.0,
-            "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for t in ok for u in t["turns"]] or [0]),
-            "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
-            "perf/rollout_s": t_roll, "perf/generate_s": rstats.get("generate_s", 0.0),
-            "perf/env_s": rstats.get("env_s", 0.0)}
-
-
-def iteration_jobs(args, it: int, rank: int, world: int) -> list[tuple[str, int]]:
-    """This rank's (task, seed) groups for iteration `it`, each repeated G times. Groups never
-    straddle ranks: rank r takes groups r, r+world, ... of the iteration's list."""
-    rng = random.Random(args.seed * 1_000_003 + it)  # the same list on every rank
-    groups = []
-    for g in range(args.groups_per_iter):
-        task = args.tasks[(it * args.groups_per_iter + g) % len(args.tasks)]  # cycle through the suite
-        groups.append((task, rng.choice(webenv.TRAIN_SEEDS)))
-    return [job for job in groups[rank::world] for _ in range(args.group_size)]
-
-
-def train_real(args, rank, world, device, logger):
-    resume = latest_checkpoint(args.out) if args.resume else None
-    model, tok = build_model(args, device, path=resume)
-    ref = None
-    if args.kl_coef > 0:
-        ref, _ = build_model(args, device, fsdp=False)  # never sharded: ranks run different numbers of forward passes
-        ref.eval().requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
-    # rollouts sample with HF generate on `model` itself or with a vLLM engine (weights pushed after each update)
-    gen = policy.make_generator(args.generator, model, tok, bf16=bool(args.bf16) and device.type == "cuda",
-                                gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
-                                max_model_len=args.max_prompt_tokens + args.max_new_tokens)
-    it, env_steps = 0, 0
-    if resume:
-        state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
-        it, env_steps = restore_state(resume, opt, state, rank, model), state["extra"].get("env_steps", 0)
-        logger.truncate(it)
+def train_real(args, model, tok, opt, gen, logger, it: int, extra: dict, rank: int, world: int, device, ref=None):
+    """--mode real (WebAgent-R1): M-GRPO on trajectories collected in real headless Chromium, from
+    iteration `it` (0, or the resumed checkpoint's) to args.iterations. Each iteration: groups drawn
+    by the curriculum, G rollouts each (rollout.py, prompts compressed by compress.py), with dynamic
+    sampling until enough groups have signal; one policy update on those (update.py); metrics, a
+    greedy eval, a report and a checkpoint when due."""
+    env_steps = extra.get("env_steps", 0)
+    cfg = update_config(args)
+    cur = curriculum.Curriculum(args.tasks, args.group_size, uniform=args.curriculum == "uniform")
+    cur.load(extra.get("curriculum", {}))
     # one long-lived browser per worker thread (or its child process), any task on each (rollout.py)
-    pool = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=args.max_steps), tok, num_envs=args.num_envs,
-                      step_timeout=args.step_timeout, processes=args.env_workers == "process")
-    print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, world {world}")
+    pool = rollouts.EnvPool(functools.partial(webenv.WebEnv, max_steps=args.max_steps), tok, num_envs=args.num_envs,
+                            step_timeout=args.step_timeout, processes=args.env_workers == "process")
+    distributed.print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, "
+                             f"world {world}")
+    evaluating = lambda i: args.eval_every and (i % args.eval_every == 0 or i == args.iterations)
     try:
+        if it == 0 and evaluating(0):
+            with distributed.full_params(model, opt):
+                logger.log(greedy_eval(args, gen, tok, pool, 0, rank, world), 0)
         bar = tqdm(total=args.iterations, initial=it, desc="m-grpo", disable=rank != 0)
         while it < args.iterations:
             t0 = time.time()
-            jobs = iteration_jobs(args, it, rank, world)
             # screenshots (about 40 ms a step) only in iterations that write a report, which only rank 0 does
-            pool.set_env_attr("screenshots", rank == 0 and reporting(args, it + 1))
-            # --fsdp: every rank holds the full weights through rollout and update (policy.full_params)
-            with policy.full_params(model, opt):
-                trajs, rstats = rollout(gen, tok, pool, jobs, temperature=args.temperature,
-                                        max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
-                                        compress_context=not args.no_compress, max_prompt_tokens=args.max_prompt_tokens,
-                                        system=args.system, progress=rank == 0, desc=f"rollout {it}")
-                t_roll = time.time() - t0
-                lstats = policy_update(model, ref, opt, tok, trajs, args, device, world)
+            pool.set_env_attr("screenshots", rank == 0 and report.due(args.report_every, it + 1, args.iterations))
+            with distributed.full_params(model, opt):  # --fsdp: every rank holds the full weights through rollout and update
+                trajs, rolled, rstats = collect(args, cur, gen, tok, pool, it, rank, world)
+                lstats = update.policy_update(model, opt, tok, trajs, cfg, device, world, ref=ref,
+                                              seed=args.seed * 1_000_003 + it)
             gen.push_weights(model)  # the next rollout samples from the updated policy
+            cur.merge(world)
             it += 1
-            env_steps += int(all_sum(rstats.get("env_steps", 0), world))
-            m = all_mean({**rollout_metrics(trajs, rstats, t_roll), **lstats}, world)
-            m.update({"env/real_steps": env_steps, "perf/iter_s": time.time() - t0})
+            env_steps += int(distributed.all_sum(rstats.get("env_steps", 0), world))
+            drawn, kept = distributed.all_sums([rstats["groups_drawn"], rstats["groups_kept"]], world)
+            m = {**distributed.all_mean(rollouts.rollout_metrics(rolled, rstats), world), **lstats, **cur.metrics()}
+            m.update({"env/real_steps": env_steps, "sampling/groups_drawn": drawn, "sampling/groups_kept": kept,
+                      "sampling/signal_share": kept / max(1.0, drawn)})
+            if evaluating(it):
+                with distributed.full_params(model, opt):
+                    m.update(greedy_eval(args, gen, tok, pool, it, rank, world))
+            m["perf/iter_s"] = time.time() - t0
             logger.log(m, it)
             bar.update(1)
-            bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.3f}")
-            maybe_report(args, rank, it, trajs)
+            bar.set_postfix(success=f"{m['rollout/success']:.2f}", kept=f"{int(kept)}/{int(drawn)}")
+            if rank == 0 and report.due(args.report_every, it, args.iterations):
+                report.write_run_report(args.out, rolled, it, args.mode)
+            state = {"env_steps": env_steps, "curriculum": cur.state()}
             if it % args.save_every == 0 or it == args.iterations:
-                save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, {"env_steps": env_steps},
-                                args.keep_ckpts, rank, world, prompt_settings(args))
+                checkpoint.save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, state, args.keep_ckpts,
+                                           rank, world, args.prompt_settings)
         bar.close()
-        save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": env_steps}, args.keep_ckpts, rank, world,
-                        prompt_settings(args))
+        checkpoint.save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": env_steps,
+                                   "curriculum": cur.state()}, args.keep_ckpts, rank, world, args.prompt_settings)
     finally:
         pool.close()
-    return model
-
-
-# ----------------------------------------------------------------------------- GSPO in dreams (DynaWeb)
-def dream_batch(args, it: int, rank: int, world: int, experts: list[dict]) -> tuple[list[tuple[str, int]], list[dict]]:
-    """This rank's share of iteration `it`'s batch: (dream jobs, real expert trajectories).
-
-    The batch holds about groups_per_iter * group_size trajectories: round(real_ratio * that) real
-    expert trajectories drawn at random from the demos, and the rest as imagined groups of G
-    dreams each, (task, seed) cycling through the suite; the seed picks a real start state.
-    Expert trajectories and groups are dealt round-robin over ranks (groups never straddle ranks).
-    """
-    total = args.groups_per_iter * args.group_size
-    n_real = round(args.real_ratio * total)
-    n_groups = round((total - n_real) / args.group_size)
-    rng = random.Random(args.seed * 1_000_003 + it)  # the same draw on every rank
-    groups = [(args.tasks[(it * n_groups + g) % len(args.tasks)], rng.choice(webenv.TRAIN_SEEDS))
-              for g in range(n_groups)]  # cycle through the suite: every task gets its turn
-    real = [experts[rng.randrange(len(experts))] for _ in range(n_real)] if experts else []
-    jobs = [job for job in groups[rank::world] for _ in range(args.group_size)]
-    return jobs, real[rank::world]
-
-
-def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args, it: int) -> tuple[dict, int, list[dict]]:
-    """Replay a sample of dreams' actions on real pages (world_model.replay) and compare the world
-    model's completion judgement (the dream reward) with the real reward.
-
-    Returns (counts, real browser steps taken, records). counts: replayed (dreams replayed without
-    an env_error), matched (whose start page was reproduced exactly on real pages), and, among the
-    matched only, contradiction (predicted success differs from the real one) and false_success
-    (predicted success that did not happen); train_dream sums them over ranks into rates.
-    Records (for the HTML report): the dream with each turn's `real_observation` and
-    `predicted_success` / `real_success`.
-    """
-    import world_model
-
-    rng = random.Random(args.seed * 7919 + it)
-    pool = [t for t in trajs if not t["env_error"] and t["turns"]]
-    sample = rng.sample(pool, min(args.replay_samples, len(pool)))
-    stats = {"contradiction": 0, "false_success": 0, "matched": 0, "replayed": 0}
-    steps = 0
-    records = []
-    for t in sample:
-        start = world_model.pick_start_state(states, t["seed"], t["task"])
-        if start.get("seed") is None:
-            continue
-        if not renv_holder:
-            renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1)))
-        r = world_model.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
-        steps += r["steps"]
-        if r["env_error"]:
-            continue
-        stats["replayed"] += 1
-        if r["start_match"]:  # otherwise the real outcome says nothing about the world model
-            stats["matched"] += 1
-            stats["contradiction"] += int(r["success"] != t["success"])
-            stats["false_success"] += int(t["success"] and not r["success"])
-        turns = [{k: v for k, v in u.items() if k not in ("prompt_ids", "response_ids", "response_logprobs")}
-                 for u in t["turns"]]
-        obs_after = r["observations"] + [None] * (len(turns) - len(r["observations"]))
-        # turn k shows the page the agent acted on; the real page after step k-1 is its counterpart
-        for k, u in enumerate(turns):
-            u["real_observation"] = u["observation"] if k == 0 else obs_after[k - 1]
-        t["replayed"] = True  # the report shows the record (with the real pages) instead
-        records.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
-                        "predicted_success": t["success"], "real_success": r["success"],
-                        "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
-    return stats, steps, records
-
-
-def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, device, world) -> dict:
-    """One policy update on this rank's imagined trajectories plus its real expert trajectories.
-
-    How real expert trajectories enter the loss. Default (--expert-loss nll): a likelihood term
-    weighted by their share of the batch, loss = (1 - share) * L_gspo + share * L_nll. An expert
-    trajectory has no group of its own: every one succeeds, so a group-normalised advantage would
-    be zero and it would teach nothing; the likelihood term keeps the policy on real pages'
-    behaviour whatever the world model gets wrong, which is what the real data is there for.
-    --expert-loss gspo instead makes them GSPO samples with advantage 1 - (mean dream reward):
-    off-policy, clipped by the sequence ratio like every other sample.
-    """
-    ok = [t for t in trajs if not t["env_error"]]
-    n_dream, n_real = all_sum(len(ok), world), all_sum(len(real), world)
-    share = n_real / max(1.0, n_real + n_dream)
-    nll, expert_trajs = [], []
-    if args.expert_loss == "nll":
-        nll = [s for t in real for s in expert_turns(t, tok, args)]
-    else:
-        base = all_sum(sum(t["reward"] for t in ok), world) / n_dream if n_dream else 0.0
-        for k, t in enumerate(real):
-            turns = [{"prompt_ids": p, "response_ids": r} for p, r in expert_turns(t, tok, args)]
-            expert_trajs.append({"task": t["task"], "seed": f"expert-{k}", "turns": turns,
-                                 "reward": 1.0, "success": True, "env_error": False, "advantage": 1.0 - base})
-    stats = policy_update(model, None, opt, tok, trajs + expert_trajs, args, device, world, nll=nll,
-                          nll_coef=share if args.expert_loss == "nll" else 0.0,
-                          rl_scale=1.0 - share if args.expert_loss == "nll" else 1.0)
-    stats.update({"dream/trajectories": n_dream, "dream/real_trajectories": n_real, "dream/real_share": share})
-    return stats
-
-
-def train_dream(args, rank, world, device, logger):
-    """--mode dream: DynaWeb's loop. Each iteration: imagined groups from DreamEnv (rollout.py,
-    the same asynchronous collector as real mode), plus real expert trajectories at --real-ratio,
-    then one policy update (GSPO by default). Real browser steps (the replay checks) are counted
-    apart from imagined ones."""
-    import world_model
-
-    resume = latest_checkpoint(args.out) if args.resume else None
-    model, tok = build_model(args, device, path=resume)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
-    gen = policy.make_generator(args.generator, model, tok, bf16=bool(args.bf16) and device.type == "cuda",
-                                gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
-                                max_model_len=args.max_prompt_tokens + args.max_new_tokens)
-    it, real_steps, dream_steps = 0, 0, 0
-    if resume:
-        state = torch.load(os.path.join(resume, "trainer_state.pt"), weights_only=False)
-        it = restore_state(resume, opt, state, rank, model)
-        real_steps, dream_steps = state["extra"].get("env_steps", 0), state["extra"].get("dream_steps", 0)
-        logger.truncate(it)
-    experts = expert_trajectories(args.demos, args) if args.real_ratio > 0 else []
-    if args.real_ratio > 0 and not experts:
-        raise ValueError(f"{args.demos} holds no successful expert trajectory for tasks {args.tasks}")
-    pool, states = None, []
-    if args.real_ratio < 1:
-        if not os.path.exists(args.transitions):
-            raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
-                                    "`python world_model.py --collect runs/transitions.jsonl`")
-        states = [s for s in world_model.start_states(world_model.load_transitions(args.transitions))
-                  if s["task"] in args.tasks]
-        missing = sorted(set(args.tasks) - {s["task"] for s in states})
-        if missing:
-            raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
-        wm, wm_tok = policy.load_model(args.world_model, device=device)
-        wm.eval().requires_grad_(False)
-        # A dream step waits for the world model's lock behind up to num_envs - 1 others (DreamEnv),
-        # so its time limit scales with them; a dream has no page that can hang.
-        pool = EnvWorkers(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len,
-                                                            bf16=bool(args.bf16) and device.type == "cuda"),
-                          tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
-    print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length {args.dream_len}, "
-                 f"loss {args.loss}, expert loss {args.expert_loss}, world {world}")
-    renv: list = []  # one real browser for the replay checks, opened on first use
-    replays_path = os.path.join(args.out, "dream_replays.jsonl")
-    if resume and rank == 0 and os.path.exists(replays_path):  # like metrics.jsonl: drop what is redone
-        with open(replays_path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line).get("iteration", 0) <= it]
-        with open(replays_path, "w") as f:
-            f.writelines(kept)
-    try:
-        bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)
-        while it < args.iterations:
-            t0 = time.time()
-            jobs, real = dream_batch(args, it, rank, world, experts)
-            trajs, rstats = [], {}
-            with policy.full_params(model, opt):  # --fsdp: full weights on every rank through rollout and update
-                if jobs:
-                    trajs, rstats = rollout(gen, tok, pool, jobs, temperature=args.temperature,
-                                            max_new_tokens=args.max_new_tokens, keep_last=args.keep_last,
-                                            compress_context=not args.no_compress,
-                                            max_prompt_tokens=args.max_prompt_tokens, system=args.system,
-                                            source="dream", progress=rank == 0, desc=f"dream {it}")
-                t_roll = time.time() - t0
-                lstats = dream_update(model, opt, tok, trajs, real, args, device, world)
-            gen.push_weights(model)  # the next rollout samples from the updated policy
-            ok = [t for t in trajs if not t["env_error"]]
-            replay_c, steps_now, records = {}, 0, []
-            if args.replay_every and (it + 1) % args.replay_every == 0 and args.real_ratio < 1:  # on every rank together
-                replay_c, steps_now, records = replay_dreams(ok, states, renv, args, it + 1)
-            it += 1
-            real_steps += int(all_sum(steps_now, world))
-            dream_steps += int(all_sum(rstats.get("env_steps", 0), world))
-            m = all_mean({**rollout_metrics(trajs, rstats, t_roll), **lstats}, world)
-            if replay_c:  # every rank replays at the same iterations, so these collectives match
-                c = {k: all_sum(v, world) for k, v in sorted(replay_c.items())}
-                m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),
-                          "dream/replay_contradiction": c["contradiction"] / max(1, c["matched"]),
-                          "dream/replay_false_success": c["false_success"] / max(1, c["matched"])})
-            m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
-            logger.log(m, it)
-            if rank == 0 and records:
-                with open(replays_path, "a") as f:
-                    for r in records:
-                        f.write(json.dumps(r) + "\n")
-            bar.update(1)
-            bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.4f}")
-            maybe_report(args, rank, it, records + [t for t in trajs if not t.get("replayed")])
-            extra = {"env_steps": real_steps, "dream_steps": dream_steps}
-            if it % args.save_every == 0 or it == args.iterations:
-                save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, extra, args.keep_ckpts, rank, world,
-                                prompt_settings(args))
-        bar.close()
-        save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": real_steps, "dream_steps": dream_steps},
-                        args.keep_ckpts, rank, world, prompt_settings(args))
-    finally:
-        if pool is not None:
-            pool.close()
-        for e in renv:
-            e.close()
-    return model
-
-
-def policy_update(model, ref, opt, tok, trajs, args, device, world, *, nll=None, nll_coef: float = 0.0,
-                  rl_scale: float = 1.0) -> dict:
-    """One policy update on this rank's trajectories with --loss mgrpo or gspo.
-
-    Each turn is a sample (its prompt ids + its reply ids, exactly as generated). Micro-batches
-    are built from whole trajectories, which GSPO's sequence ratio needs and M-GRPO does not mind.
-    Advantages are group-normalised over (task, seed); a trajectory with an "advantage" key keeps
-    that value instead (dream mode's expert trajectories under --expert-loss gspo).
-
-    Dream mode adds `nll`, (prompt ids, reply ids) samples of real expert turns, whose token-mean
-    negative log-likelihood enters each optimizer step with weight `nll_coef`, while the RL loss is
-    scaled by `rl_scale`: loss = rl_scale * L_rl + nll_coef * L_nll.
-    """
-    nll = nll or []
-    trajs = [t for t in trajs if not t["env_error"] and any(u["response_ids"] for u in t["turns"])]  # env_error: neither success nor failure
-    rewards = torch.tensor([t["reward"] for t in trajs], dtype=torch.float32)
-    adv, zero_var = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in trajs])
-    for i, t in enumerate(trajs):
-        if "advantage" in t:
-            adv[i] = t["advantage"]
-    stats = {"rollout/reward": float(rewards.mean()) if len(trajs) else 0.0, "rollout/zero_var_groups": zero_var}
-    samples = [(i, u["prompt_ids"], u["response_ids"]) for i, t in enumerate(trajs) for u in t["turns"] if u["response_ids"]]
-    # a turn with no reply token has an all-zero loss mask: skipped (it would divide by zero), and counted
-    stats["loss/empty_samples"] = sum(1 for t in trajs for u in t["turns"] if not u["response_ids"])
-    if samples:
-        # M-GRPO token weights over every trajectory (mgrpo.token_weights: each trajectory counts equally)
-        lengths = torch.tensor([len(r) for _, _, r in samples])
-        full = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).float()  # (M, Lmax)
-        tok_w = mgrpo.token_weights(full, torch.tensor([i for i, _, _ in samples]))[:, 0].tolist()  # weight of one action token
-    # Only trajectories with a nonzero advantage move the loss (without a KL term): skipping the
-    # others' forward and backward passes changes nothing but the time taken.
-    live = [i for i in range(len(trajs)) if float(adv[i]) != 0.0 or (args.kl_coef > 0 and args.loss == "mgrpo")]
-    by_traj = {}
-    for k, (i, _, _) in enumerate(samples):
-        by_traj.setdefault(i, []).append(k)
-    n_updates = args.ppo_epochs * args.minibatches
-    old = {}
-    if n_updates > 1 and live:  # pi_old must be the sampling-time policy: score once before any update
-        model.eval()
-        with torch.no_grad():
-            for mb in micro_batches(live, by_traj, args.micro_batch):
-                lp, _, L = score(model, tok, [samples[k] for k in mb], args, device)
-                for j, k in enumerate(mb):
-                    old[k] = lp[j, L - len(samples[k][2]):]  # this sample's reply tokens only
-    model.train()
-    agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0}
-    if nll_coef:  # the same keys on every rank, with or without expert samples of its own (all_mean)
-        agg["loss/nll"] = 0.0
-    rng = random.Random(len(samples) * 1_000_003 + len(trajs))
-    shares = 0.0  # ratio, clip fraction and KL are averaged with the weight each micro-batch carries
-    for epoch in range(args.ppo_epochs):
-        perm = live[:]
-        rng.shuffle(perm)
-        for k_mb, chunk in enumerate([perm[k::args.minibatches] for k in range(args.minibatches)]):
-            nll_chunk = nll[k_mb::args.minibatches]
-            # Every rank runs the same number of optimizer steps and collectives, with or without
-            # work of its own (average_gradients gives a rank without gradients zeros).
-            if all_sum(len(chunk) + len(nll_chunk), world) == 0:
-                # No rank has a trajectory with signal: stepping AdamW on zero gradients would still
-                # move the weights along its stale moments. Every rank takes this branch together.
-                continue
-            for mb in micro_batches(chunk, by_traj, args.micro_batch):
-                batch = [samples[k] for k in mb]
-                logp, rm, L = score(model, tok, batch, args, device)  # (B, L)
-                if n_updates > 1:
-                    old_lp = torch.zeros_like(logp)  # right-aligned like logp; padding stays masked
-                    for j, k in enumerate(mb):
-                        old_lp[j, L - len(old[k]):] = old[k]
-                else:
-                    old_lp = logp.detach()  # one update from the sampling policy: pi_old = pi exactly
-                local = {i: j for j, i in enumerate(dict.fromkeys(i for i, _, _ in batch))}
-                if args.loss == "gspo":
-                    loss, s = gspo.gspo_loss(logp, old_lp, adv[list(local)].to(device), rm,
-                                             torch.tensor([local[i] for i, _, _ in batch], device=device),
-                                             num_traj=max(1, len(trajs)) / args.minibatches,
-                                             clip_low=args.clip_low, clip_high=args.clip_high)
-                    share = s["n"] / max(1, len(live))
-                else:
-                    ref_lp = None
-                    if ref is not None:
-                        with torch.no_grad():
-                            ref_lp, _, _ = score(ref, tok, batch, args, device)
-                    # weights sum to 1 over the batch; each of the minibatches is ~1/minibatches of it
-                    w = rm * torch.tensor([tok_w[k] * args.minibatches for k in mb], device=device)[:, None]
-                    a = torch.tensor([float(adv[i]) for i, _, _ in batch], device=device)
-                    loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=args.clip_low, clip_high=args.clip_high,
-                                               ref_logp=ref_lp, kl_coef=args.kl_coef)
-                    share = s["weight"]
-                (loss * rl_scale).backward()
-                agg["loss/policy"] += loss.item() / n_updates
-                agg["loss/ratio"] += s["ratio"] * share
-                agg["loss/clip_frac"] += s["clip_frac"] * share
-                agg["loss/kl"] += s.get("kl", 0.0) * share
-                shares += share
-            n_nll_tok = sum(len(r) for _, r in nll_chunk)
-            for mb in range(0, len(nll_chunk), args.micro_batch):  # real expert turns: -log p(reply)
-                batch = [(None, p, r) for p, r in nll_chunk[mb:mb + args.micro_batch]]
-                logp, rm, _ = score(model, tok, batch, args, device)
-                loss = -(logp * rm).sum() / n_nll_tok
-                (loss * nll_coef).backward()
-                agg["loss/nll"] += loss.item() / n_updates
-            average_gradients(model, world)
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            agg["loss/grad_norm"] = float(gnorm)
-            agg["loss/updates"] = agg.get("loss/updates", 0) + 1
-    for k in ("loss/ratio", "loss/clip_frac", "loss/kl"):
-        agg[k] = agg[k] / shares if shares else (1.0 if k == "loss/ratio" else 0.0)
-    stats.update(agg)
-    stats["loss/trajectories_trained"] = len(live)
-    return stats
-
-
-def micro_batches(trajectories: list[int], by_traj: dict, size: int) -> list[list[int]]:
-    """Sample indices in micro-batches of about `size` samples, never splitting a trajectory."""
-    out, cur = [], []
-    for i in trajectories:
-        cur += by_traj.get(i, [])
-        if len(cur) >= size:
-            out.append(cur)
-            cur = []
-    return out + ([cur] if cur else [])
-
-
-def score(model, tok, batch, args, device):
-    """Log-probs of each sample's reply tokens: (B, L) log-probs, (B, L) reply mask, L."""
-    ids, mask, rm, L = policy.response_batch([p for _, p, _ in batch], [r for _, _, r in batch], tok.pad_token_id)
-    with policy.autocast(device, bool(args.bf16)):
-        logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L, temperature=args.temperature)
-    return logp.float(), rm.to(device), L
-
-
-# ----------------------------------------------------------------------------- main
-def restore_state(path: str, opt, state=None, rank: int = 0, model=None) -> int:
-    """Load optimizer and this rank's RNG state from a checkpoint; return its step. With a sharded
-    `model` (--fsdp) the saved full optimizer state (keyed by parameter name) is split to each
-    rank's shards by torch.distributed.checkpoint."""
-    state = state or torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-    if model is not None and policy.is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, opt, optim_state_dict=state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
-        opt.load_state_dict(state["optimizer"])
-    rngs = state["rng"]
-    if rank < len(rngs):  # a run resumed on more ranks than it had keeps its seeding for the new ones
-        r = rngs[rank]
-        torch.set_rng_state(r["torch"])
-        np.random.set_state(r["numpy"])
-        random.setstate(r["python"])
-        if "cuda" in r and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(r["cuda"])
-    return int(state["step"])
-
-
-def barrier(world):
-    if world > 1:
-        dist.barrier()
-
-
-def print0(rank, *a):
-    if rank == 0:
-        print(*a, flush=True)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    rank, world, device = setup_distributed()
+    rank, world, device = distributed.setup_distributed()
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        if not args.resume and latest_checkpoint(args.out):
+        if not args.resume and checkpoint.latest_checkpoint(args.out):
             print(f"note: {args.out} already holds checkpoints; pass --resume to continue from them", file=sys.stderr)
         with open(os.path.join(args.out, "args.json"), "w") as f:
-            json.dump({k: v for k, v in vars(args).items()}, f, indent=1)
-    barrier(world)
-    logger = Logger(args.out, enabled=rank == 0)
+            json.dump({k: v for k, v in vars(args).items() if k != "prompt"}, f, indent=1)
+    distributed.barrier(world)
+    resume = checkpoint.latest_checkpoint(args.out) if args.resume else None
+    model, tok = build_model(args, device, path=resume)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay)
+    step, extra = checkpoint.restore_state(resume, opt, rank, model) if resume else (0, {})
+    logger = Logger(args.out, enabled=rank == 0, resume_step=step if resume else None)
     try:
         if args.mode in ("bc", "wm"):
-            train_supervised(args, rank, world, device, logger)
-        elif args.mode == "dream":
-            train_dream(args, rank, world, device, logger)
+            import supervised
+
+            supervised.train_supervised(args, model, tok, opt, logger, step, rank, world, device)
+            return
+        # rollouts sample with HF generate on `model` itself or with a vLLM engine (weights pushed after each update)
+        gen = generators.make_generator(args.generator, model, tok, bf16=bool(args.bf16) and device.type == "cuda",
+                                        gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
+                                        max_model_len=args.max_prompt_tokens + args.max_new_tokens)
+        ref = None
+        if args.kl_coef > 0:  # the reference is the run's start: --init (or the base model), never sharded
+            ref, _ = build_model(args, device, fsdp=False)
+            ref.eval().requires_grad_(False)
+        if args.mode == "dream":
+            import dream
+
+            dream.train_dream(args, model, tok, opt, gen, logger, update_config(args), step, extra, rank, world, device,
+                              ref=ref)
         else:
-            train_real(args, rank, world, device, logger)
+            train_real(args, model, tok, opt, gen, logger, step, extra, rank, world, device, ref=ref)
     finally:
         logger.close()
         if world > 1:

@@ -47,6 +47,7 @@ from dataclasses import asdict, is_dataclass
 
 import compress
 import policy
+from runlog import read_jsonl
 from env import ActionParseError, Obs, parse_action
 
 logger = logging.getLogger(__name__)
@@ -400,8 +401,8 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
 
 
 def load_transitions(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a transitions file (runlog.read_jsonl: a cut last line is skipped)."""
+    return read_jsonl(path)
 
 
 def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
@@ -529,7 +530,7 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
     out, skipped = [], 0
     for t in transitions:
         prompt = compress.render(tokenizer, wm_messages(t["goal"], t["obs"], t["action"]))
-        target = tokenizer.encode(t["delta"], add_special_tokens=False) + [eos]
+        target = compress.encode_text(tokenizer, t["delta"]) + [eos]
         if len(prompt) + len(target) > max_tokens:
             skipped += 1
             continue

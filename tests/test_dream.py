@@ -12,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import policy  # noqa: E402
+import dream  # noqa: E402
 import train  # noqa: E402
+import update  # noqa: E402
 import world_model as wm  # noqa: E402
 
 DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
@@ -29,12 +31,12 @@ def test_batch_holds_the_real_ratio(ratio, n_real, n_jobs):
     # 8 groups x G=4 = 32 trajectories; real = round(32 R); dream groups = round((32 - real) / 4)
     args = train.parse_args(["--mode", "dream", "--real-ratio", str(ratio), "--world-model", ROOT])
     experts = [{"task": "click-button", "k": k} for k in range(5)]
-    jobs, real = train.dream_batch(args, 0, 0, 1, experts)
+    jobs, real = dream.dream_batch(args, 0, 0, 1, experts)
     assert (len(real), len(jobs)) == (n_real, n_jobs)
     assert all(jobs[i] == jobs[i - i % 4] for i in range(len(jobs)))  # G consecutive copies of one (task, seed)
     # two ranks split the same draw: nothing lost, nothing doubled, groups whole on one rank
-    j0, r0 = train.dream_batch(args, 0, 0, 2, experts)
-    j1, r1 = train.dream_batch(args, 0, 1, 2, experts)
+    j0, r0 = dream.dream_batch(args, 0, 0, 2, experts)
+    j1, r1 = dream.dream_batch(args, 0, 1, 2, experts)
     assert len(j0) + len(j1) == n_jobs and len(r0) + len(r1) == n_real
     assert sorted(j0 + j1) == sorted(jobs) and not set(j0) & set(j1)
 
@@ -104,10 +106,10 @@ def test_nll_term_alone_raises_the_expert_action(tok):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     p, r = expert_turn(tok, "click('12')")
     with torch.no_grad():
-        before, rm, _ = train.score(model, tok, [(0, p, r)], args, "cpu")
-    stats = train.policy_update(model, None, opt, tok, [], args, "cpu", 1, nll=[(p, r)] * 3, nll_coef=1.0, rl_scale=0.0)
+        before, rm, _ = update.score(model, tok, [(0, p, r)], args.temperature, False, "cpu")
+    stats = update.policy_update(model, opt, tok, [], train.update_config(args), "cpu", 1, nll=[(p, r)] * 3, nll_coef=1.0, rl_scale=0.0)
     with torch.no_grad():
-        after, _, _ = train.score(model, tok, [(0, p, r)], args, "cpu")
+        after, _, _ = update.score(model, tok, [(0, p, r)], args.temperature, False, "cpu")
     assert ((after - before) * rm).sum() > 0
     assert stats["loss/updates"] == 1 and stats["loss/nll"] == pytest.approx(-float((before * rm).sum() / rm.sum()), rel=1e-4)
 
@@ -120,8 +122,8 @@ def test_an_advantage_key_overrides_the_group_advantage(tok):
     t = {"task": "click-button", "seed": "expert-0", "env_error": False, "reward": 1.0, "success": True,
          "turns": [{"prompt_ids": p, "response_ids": r}]}
     # alone in its group its advantage would be 0 and nothing would train
-    assert train.policy_update(model, None, opt, tok, [dict(t)], args, "cpu", 1)["loss/trajectories_trained"] == 0
-    stats = train.policy_update(model, None, opt, tok, [dict(t, advantage=0.5)], args, "cpu", 1)
+    assert update.policy_update(model, opt, tok, [dict(t)], train.update_config(args), "cpu", 1)["loss/trajectories_trained"] == 0
+    stats = update.policy_update(model, opt, tok, [dict(t, advantage=0.5)], train.update_config(args), "cpu", 1)
     assert stats["loss/trajectories_trained"] == 1 and stats["loss/updates"] == 1
 
 
@@ -169,5 +171,5 @@ def test_every_task_gets_its_turn_of_dreams():
     args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--tasks", ",".join(tasks)])
     from collections import Counter
 
-    seen = Counter(task for it in range(8) for task, _ in train.dream_batch(args, it, 0, 1, [{}])[0][::4])
+    seen = Counter(task for it in range(8) for task, _ in dream.dream_batch(args, it, 0, 1, [{}])[0][::4])
     assert seen == {t: 5 for t in tasks}

@@ -1,4 +1,4 @@
-"""Generators (policy.HFGenerator, VLLMGenerator), rollout with a generator object, and --fsdp on
+"""Generators (generators.HFGenerator, VLLMGenerator), rollout with a generator object, and --fsdp on
 2 CPU processes (torchrun + gloo): a BC run writes a loadable checkpoint, and FSDP training, plain
 and with the full weights held (ranks running different numbers of generate calls and
 micro-batches, as in RL), matches one unsharded model step for step."""
@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
+import generators
 import policy
-from rollout import EnvWorkers, rollout
+from rollout import EnvPool, rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
@@ -21,7 +22,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 def test_hf_generator_is_policy_generate_and_shares_the_weights(tok, model, prompts):
     ps = prompts
-    gen = policy.make_generator("hf", model, tok)
+    gen = generators.make_generator("hf", model, tok)
     want = policy.generate(model, tok, ps, max_new_tokens=8, temperature=0)
     got = gen.generate(ps, max_new_tokens=8, temperature=0)
     assert [s.ids for s in got] == [s.ids for s in want] and [s.text for s in got] == [s.text for s in want]
@@ -29,9 +30,8 @@ def test_hf_generator_is_policy_generate_and_shares_the_weights(tok, model, prom
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert gen.push_weights(model) is None
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert policy.is_generator(gen) and not policy.is_generator(model)  # an HF model has .generate too
     with pytest.raises(ValueError, match="hf or vllm"):
-        policy.make_generator("sglang", model, tok)
+        generators.make_generator("sglang", model, tok)
 
 
 class FakeEnv:
@@ -57,7 +57,7 @@ class FakeEnv:
         pass
 
 
-class CountingGenerator(policy.HFGenerator):
+class CountingGenerator(generators.HFGenerator):
     calls = 0
 
     def generate(self, prompts, **kw):
@@ -65,11 +65,11 @@ class CountingGenerator(policy.HFGenerator):
         return super().generate(prompts, **kw)
 
 
-def test_rollout_takes_a_generator_object_or_a_model(tok, model):
+def test_rollout_samples_with_any_generator_object(tok, model):
     jobs = [("a", 1), ("b", 2), ("c", 3)]
-    workers = EnvWorkers(FakeEnv, tok, num_envs=2)
+    workers = EnvPool(FakeEnv, tok, num_envs=2)
     try:
-        by_model, _ = rollout(model, tok, workers, jobs, temperature=0, max_new_tokens=5)
+        by_model, _ = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=0, max_new_tokens=5)
         by_gen, stats = rollout(CountingGenerator(model, tok), tok, workers, jobs, temperature=0, max_new_tokens=5)
     finally:
         workers.close()
@@ -89,7 +89,7 @@ def test_vllm_without_vllm_or_gpu_is_a_clear_error(tok, model, capsys):
         assert e.value.code == 2 and "needs a CUDA GPU" in err and "--generator hf" in err
     if importlib.util.find_spec("vllm") is None:  # named in the error, with the way out
         with pytest.raises(ImportError, match=r"pip install vllm.*--generator hf"):
-            policy.make_generator("vllm", model, tok)
+            generators.make_generator("vllm", model, tok)
 
 
 def test_merged_weights_of_a_lora_model_give_its_outputs(tok, prompts):
@@ -101,7 +101,7 @@ def test_merged_weights_of_a_lora_model_give_its_outputs(tok, prompts):
         for n, p in lora.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)  # a fresh adapter is a no-op: make it move the outputs
-    merged = dict(policy.merged_weights(lora))
+    merged = dict(generators.merged_weights(lora))
     assert set(merged) == set(base.state_dict()) and not any("lora" in k for k in merged)
     base.load_state_dict(merged)
     ids = torch.tensor([prompts[0]])
@@ -150,11 +150,11 @@ def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path, demos):
 RL_CHECK = r'''
 import datetime
 import torch, torch.distributed as dist
-import policy, train
+import distributed, generators, policy
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # a mismatched collective fails, not hangs
 rank, world = dist.get_rank(), dist.get_world_size()
 tok = policy.load_tokenizer()
-model, ref = policy.shard(policy.tiny_model(tok)), policy.tiny_model(tok)  # the same weights (seed 0)
+model, ref = distributed.shard(policy.tiny_model(tok)), policy.tiny_model(tok)  # the same weights (seed 0)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
 g = torch.Generator().manual_seed(0)
@@ -165,7 +165,7 @@ def loss(m, x):
     return -m(input_ids=x).logits.float().log_softmax(-1)[..., 0].mean()
 def step_both(grads_of_model, grads_of_ref):
     grads_of_model()
-    train.average_gradients(model, world)
+    distributed.sync_gradients(model, world)
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -176,9 +176,9 @@ def step_both(grads_of_model, grads_of_ref):
     assert abs(norm - ref_norm) < 1e-4 * ref_norm, (norm, ref_norm)
 # plain FSDP (as in bc): one micro-batch on each rank, gradients reduced in backward
 step_both(lambda: loss(model, data[rank]).backward(),
-          lambda: [(loss(ref, x) / world).backward() for x in data[:2]])
+          lambda: [loss(ref, x).backward() for x in data[:2]])
 prompt = [[1, 2, 3, 4, 5]]
-gen = policy.HFGenerator(model, tok)
+gen = generators.HFGenerator(model, tok)
 try:
     gen.generate(prompt, max_new_tokens=4, temperature=0)
     raise SystemExit("a sharded model generated outside full_params")
@@ -188,15 +188,15 @@ def same_generation():
     for _ in range(rank + 1):  # ranks make different numbers of generate calls
         got = gen.generate(prompt, max_new_tokens=4, temperature=0)
     assert got[0].ids == policy.generate(ref, tok, prompt, max_new_tokens=4, temperature=0)[0].ids
-with policy.full_params(model, opt):
+with distributed.full_params(model, opt):
     same_generation()
     for step in work:  # step 2's first forward (rank 0 alone) needs the weights gathered after step 1
-        # the unsharded reference: the mean over ranks of each rank's summed loss
+        # the unsharded reference: the sum over ranks of each rank's summed loss (gradients are summed)
         step_both(lambda: [loss(model, x).backward() for x in step[rank]],
-                  lambda: [(loss(ref, x) / world).backward() for x in step[0] + step[1]])
+                  lambda: [loss(ref, x).backward() for x in step[0] + step[1]])
     same_generation()  # with the updated weights
-full = {k: v for k, v in policy.merged_weights(model)}  # gathered tensor by tensor on every rank
-sd = policy.full_state_dict(model)  # rank 0 only
+full = {k: v for k, v in generators.merged_weights(model)}  # gathered tensor by tensor on every rank
+sd = distributed.full_state_dict(model)  # rank 0 only
 want = ref.state_dict()
 assert all(torch.allclose(full[k], want[k], atol=1e-5) for k in want), "weights differ from the reference"
 if rank == 0:

@@ -12,7 +12,8 @@ import env as webenv
 import experts
 import policy
 import report
-from rollout import EnvWorkers, rollout
+import generators
+from rollout import EnvPool, rollout
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -112,9 +113,9 @@ def test_report_of_real_episodes_renders(tmp_path):
     tok = policy.load_tokenizer()
     model = policy.tiny_model(tok)
     # two episodes through rollout.py (a random tiny model: failures), screenshots on
-    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=2, screenshots=True), tok, num_envs=1)
+    workers = EnvPool(lambda task: webenv.WebEnv(task, max_steps=2, screenshots=True), tok, num_envs=1)
     try:
-        trajs, _ = rollout(model, tok, workers, [("click-button", 10_000), ("click-button", 10_001)], max_new_tokens=6)
+        trajs, _ = rollout(generators.HFGenerator(model, tok), tok, workers, [("click-button", 10_000), ("click-button", 10_001)], max_new_tokens=6)
     finally:
         workers.close()
     for t in trajs:

@@ -9,7 +9,8 @@ import pytest
 
 import env as webenv
 import policy
-from rollout import EnvProcess, EnvWorkers, rollout
+import generators
+from rollout import EnvProcess, EnvPool, rollout
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def agent():
 
 
 
-def when_mid_episode(workers: EnvWorkers, act) -> dict:
+def when_mid_episode(workers: EnvPool, act) -> dict:
     """In a thread: wait (up to 60 s) until a worker is in the middle of an episode (at least one turn
     taken), then call act(worker, env, traj) once. Returns a dict that then holds the traj's seed
     (plus whatever act put there through the returned dict's update)."""
@@ -40,10 +41,10 @@ def when_mid_episode(workers: EnvWorkers, act) -> dict:
 
 def test_results_in_job_order_with_exact_token_records(agent):
     model, tok = agent
-    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=2), tok, num_envs=3)
+    workers = EnvPool(lambda task: webenv.WebEnv(task, max_steps=2), tok, num_envs=3)
     jobs = [("click-button", 10_000), ("enter-text", 10_001), ("click-link", 10_002), ("focus-text", 10_003)]
     try:
-        trajs, stats = rollout(model, tok, workers, jobs, max_new_tokens=6)
+        trajs, stats = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=6)
     finally:
         workers.close()
     assert [(t["task"], t["seed"]) for t in trajs] == jobs  # each worker served any task, results in job order
@@ -57,11 +58,11 @@ def test_results_in_job_order_with_exact_token_records(agent):
 
 def test_a_killed_browser_ends_only_its_episode(agent):
     model, tok = agent
-    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=3)
+    workers = EnvPool(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=3)
     jobs = [("click-button", 10_010 + i) for i in range(6)]
     victim = when_mid_episode(workers, lambda w, env, caught: env.kill())  # SIGKILL its Chromium
     try:
-        trajs, _ = rollout(model, tok, workers, jobs, max_new_tokens=6)
+        trajs, _ = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=6)
     finally:
         workers.close()
     assert victim, "no episode was caught mid-way"
@@ -74,7 +75,7 @@ def test_a_killed_browser_ends_only_its_episode(agent):
 def test_a_hung_browser_times_out_as_env_error(agent):
     model, tok = agent
     # 8 s: long enough that a healthy reset or step on two busy cores never reaches it (3 s did)
-    workers = EnvWorkers(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=2, step_timeout=8.0)
+    workers = EnvPool(lambda task: webenv.WebEnv(task, max_steps=3), tok, num_envs=2, step_timeout=8.0)
     jobs = [("click-button", 10_020 + i) for i in range(4)]
 
     def freeze(w, env, caught):  # SIGSTOP its Chromium: the next step hangs until the watchdog acts
@@ -83,7 +84,7 @@ def test_a_hung_browser_times_out_as_env_error(agent):
     frozen = when_mid_episode(workers, freeze)
     t0 = time.time()
     try:
-        trajs, stats = rollout(model, tok, workers, jobs, max_new_tokens=6)
+        trajs, stats = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=6)
     finally:
         workers.close()
     assert frozen and time.time() - t0 < 60
@@ -118,10 +119,10 @@ def test_a_timed_out_worker_takes_no_job_on_its_way_out(agent):
     # up it must not take a queued job: that job would be lost and the rollout would wait forever
     # (seen in dream mode, where steps wait on the world model's lock).
     model, tok = agent
-    workers = EnvWorkers(_SlowFirstStep, tok, num_envs=1, step_timeout=0.5)
+    workers = EnvPool(_SlowFirstStep, tok, num_envs=1, step_timeout=0.5)
     out = {}
     jobs = [("click-button", i) for i in range(12)]  # still queued when the slow step ends
-    runner = threading.Thread(target=lambda: out.update(r=rollout(model, tok, workers, jobs, max_new_tokens=4)),
+    runner = threading.Thread(target=lambda: out.update(r=rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=4)),
                               daemon=True)
     runner.start()
     runner.join(timeout=60)
@@ -143,10 +144,10 @@ def test_env_processes_give_the_threads_trajectories(agent):
     jobs = [("click-button", 10_030), ("enter-text", 10_031), ("click-link", 10_032)]
     out = {}
     for processes in (False, True):
-        workers = EnvWorkers(make, tok, num_envs=2, processes=processes)
+        workers = EnvPool(make, tok, num_envs=2, processes=processes)
         try:
             # greedy, one prompt per generate call: the replies cannot depend on which agents share a batch
-            out[processes], stats = rollout(model, tok, workers, jobs, temperature=0.0, max_new_tokens=6, gen_batch=1)
+            out[processes], stats = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=0.0, max_new_tokens=6, gen_batch=1)
             envs = [w.env for w in workers.workers if w.env is not None]
         finally:
             workers.close()
@@ -158,12 +159,12 @@ def test_env_processes_give_the_threads_trajectories(agent):
 
 def test_env_processes_need_a_picklable_factory(tok):
     with pytest.raises(TypeError, match="picklable"):
-        EnvWorkers(lambda task: webenv.WebEnv(task), tok, num_envs=1, processes=True)
+        EnvPool(lambda task: webenv.WebEnv(task), tok, num_envs=1, processes=True)
 
 
 def test_a_killed_env_process_ends_only_its_episode(agent):
     model, tok = agent
-    workers = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=3, processes=True)
+    workers = EnvPool(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=3, processes=True)
     jobs = [("click-button", 10_040 + i) for i in range(6)]
 
     def kill(w, env, caught):  # SIGKILL the env's process
@@ -171,7 +172,7 @@ def test_a_killed_env_process_ends_only_its_episode(agent):
         os.kill(env.pid, signal.SIGKILL)
     victim = when_mid_episode(workers, kill)
     try:
-        trajs, _ = rollout(model, tok, workers, jobs, max_new_tokens=6)
+        trajs, _ = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=6)
         assert victim, "no episode was caught mid-way"
         assert victim["worker"].env.pid != victim["pid"]  # its next episode ran in a fresh process
     finally:
@@ -185,7 +186,7 @@ def test_a_killed_env_process_ends_only_its_episode(agent):
 
 def test_a_hung_env_process_times_out_and_is_replaced(agent):
     model, tok = agent
-    workers = EnvWorkers(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=2, step_timeout=5.0,
+    workers = EnvPool(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=2, step_timeout=5.0,
                          processes=True)
     jobs = [("click-button", 10_050 + i) for i in range(4)]
 
@@ -194,7 +195,7 @@ def test_a_hung_env_process_times_out_and_is_replaced(agent):
         os.kill(env.pid, signal.SIGSTOP)
     frozen = when_mid_episode(workers, freeze)
     try:
-        trajs, stats = rollout(model, tok, workers, jobs, max_new_tokens=6)
+        trajs, stats = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=6)
     finally:
         workers.close()
     assert frozen
@@ -235,9 +236,9 @@ def test_browsers_launch_a_few_at_a_time(agent):
     # 16 Chromiums launched at once on 2 cores all crashed or ran past the reset deadline; the pool
     # lets at most `launches` environments start at once, and every environment still starts
     model, tok = agent
-    workers = EnvWorkers(_CountedLaunch, tok, num_envs=8)
+    workers = EnvPool(_CountedLaunch, tok, num_envs=8)
     try:
-        trajs, _ = rollout(model, tok, workers, [("click-button", i) for i in range(8)], max_new_tokens=4, gen_batch=8)
+        trajs, _ = rollout(generators.HFGenerator(model, tok), tok, workers, [("click-button", i) for i in range(8)], max_new_tokens=4, gen_batch=8)
     finally:
         workers.close()
     assert _CountedLaunch.launches == 8 and 1 < _CountedLaunch.most <= workers.launches

@@ -67,6 +67,7 @@ def test_policy_update_raises_the_likelihood_of_the_rewarded_action(loss, epochs
 
     import policy
     import train
+    import update
 
     tok = policy.load_tokenizer()
     model = policy.tiny_model(tok)
@@ -77,10 +78,10 @@ def test_policy_update_raises_the_likelihood_of_the_rewarded_action(loss, epochs
     batch = [(0, trajs[0]["turns"][0]["prompt_ids"], trajs[0]["turns"][0]["response_ids"]),
              (1, trajs[1]["turns"][0]["prompt_ids"], trajs[1]["turns"][0]["response_ids"])]
     with torch.no_grad():
-        before, rm, _ = train.score(model, tok, batch, args, "cpu")
-    stats = train.policy_update(model, None, opt, tok, trajs, args, "cpu", 1)
+        before, rm, _ = update.score(model, tok, batch, args.temperature, False, "cpu")
+    stats = update.policy_update(model, opt, tok, trajs, train.update_config(args), "cpu", 1)
     with torch.no_grad():
-        after, _, _ = train.score(model, tok, batch, args, "cpu")
+        after, _, _ = update.score(model, tok, batch, args.temperature, False, "cpu")
     gain = ((after - before) * rm).sum(-1)
     assert gain[0] > gain[1]  # the rewarded reply gains on the unrewarded one (they share most tokens)
     assert stats["rollout/zero_var_groups"] == 0.5 and stats["loss/trajectories_trained"] == 2
@@ -155,22 +156,24 @@ def test_eval_rejects_a_missing_checkpoint(capsys):
 
 def test_missing_demos_file_names_the_command_that_writes_it(tmp_path):
     import policy
+    import supervised
     import train
 
     args = train.parse_args(["--mode", "bc", "--demos", str(tmp_path / "none.jsonl")])
     with pytest.raises(FileNotFoundError, match="python experts.py"):
-        train.bc_samples(args.demos, policy.load_tokenizer(), args)
+        supervised.bc_samples(args.demos, policy.load_tokenizer(), args)
 
 
 def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
     import policy
+    import supervised
     import train
 
     tok = policy.load_tokenizer()
     args = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button", "--think"])
-    assert args.max_new_tokens == 64 and "<think>" in args.system
-    prompt, reply = train.bc_samples(args.demos, tok, args)[0]
+    assert args.max_new_tokens == 64 and "<think>" in args.prompt.system
+    prompt, reply = supervised.bc_samples(args.demos, tok, args)[0]
     assert tok.decode(reply) == "<think>Click the button 'b0' [12].</think>click('12')" + tok.eos_token
     direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button"])
     assert direct.max_new_tokens == 32
-    assert tok.decode(train.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token
+    assert tok.decode(supervised.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token

@@ -1,0 +1,115 @@
+"""Checkpoints: written atomically, resumed exactly.
+
+A checkpoint is a Hugging Face folder (safetensors weights, tokenizer) plus trainer_state.pt
+(optimizer state, step, every rank's RNG state, loop-specific extras) and webdream.json (the
+prompt settings the model was trained with, which eval.py reads). `out/latest` names the newest.
+
+    save_checkpoint(out, "step-000005", model, tok, opt, 5, {"env_steps": 123}, keep=2, rank, world, settings)
+    path = latest_checkpoint(out)            # None when there is none
+    step, extra = restore_state(path, opt, rank, model)   # optimizer + this rank's RNG
+
+Resuming from a checkpoint draws the random numbers an uninterrupted run would have drawn: each
+rank's torch, numpy and Python RNG states are gathered when saving and restored when resuming.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import distributed
+
+
+def rng_state() -> dict:
+    """This process's torch, numpy, Python (and CUDA) RNG states."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int,
+                    rank: int = 0, world: int = 1, settings: dict | None = None) -> None:
+    """Write out/name atomically (a temp folder, then rename) and point out/latest at it; keep only
+    the newest `keep` step-* folders.
+
+    Collective: every rank calls it (each rank's RNG state is gathered so that a resumed run
+    draws what an uninterrupted one would); rank 0 writes. `settings` (the prompt format the
+    model was trained with) goes to webdream.json, which eval.py reads.
+    """
+    rngs = [None] * world
+    if world > 1:
+        dist.all_gather_object(rngs, rng_state())
+    else:
+        rngs = [rng_state()]
+    weights = None  # None: save_pretrained takes the model's own state dict
+    if distributed.is_sharded(model):  # --fsdp: gather full weights and optimizer state on rank 0 (collective)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        weights = distributed.full_state_dict(model)
+        opt_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        final = os.path.join(out, name)
+        tmp, old = final + ".tmp", final + ".old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        # under --fsdp the optimizer state is keyed by parameter name (torch.distributed.checkpoint's full form)
+        torch.save({"optimizer": optimizer.state_dict() if weights is None else opt_state, "step": step,
+                    "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
+        with open(os.path.join(tmp, "webdream.json"), "w") as f:
+            json.dump({"step": step, **(settings or {})}, f, indent=1)
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final):
+            os.replace(final, old)  # never a moment with neither the old nor the new folder
+        os.replace(tmp, final)
+        with open(os.path.join(out, "latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
+        shutil.rmtree(old, ignore_errors=True)
+        steps = sorted(d for d in os.listdir(out) if d.startswith("step-") and d[5:].isdigit())
+        for d in steps[:-keep] if keep > 0 else []:
+            shutil.rmtree(os.path.join(out, d), ignore_errors=True)
+    distributed.barrier(world)
+
+
+def latest_checkpoint(out: str) -> str | None:
+    """The folder out/latest names, or None when there is none."""
+    try:
+        with open(os.path.join(out, "latest")) as f:
+            path = os.path.join(out, f.read().strip())
+        return path if os.path.isdir(path) else None
+    except FileNotFoundError:
+        return None
+
+
+def restore_state(path: str, opt, rank: int = 0, model=None) -> tuple[int, dict]:
+    """Load the optimizer state and this rank's RNG state from checkpoint `path`; return (step,
+    extra). With a sharded `model` (--fsdp) the saved full optimizer state (keyed by parameter name)
+    is split to each rank's shards by torch.distributed.checkpoint. A run resumed on more ranks than
+    it had keeps its own seeding for the new ones."""
+    state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    if model is not None and distributed.is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, opt, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        opt.load_state_dict(state["optimizer"])
+    if rank < len(state["rng"]):
+        set_rng_state(state["rng"][rank])
+    return int(state["step"]), state.get("extra", {})

@@ -1,0 +1,216 @@
+"""DynaWeb's loop (--mode dream): GSPO on imagined rollouts mixed with real expert trajectories.
+
+    python train.py --mode dream --init runs/bc/final --world-model runs/wm/final --real-ratio 0.4 --dream-len 5
+
+Each iteration: imagined groups, G dreams per (task, seed), run by rollout.py on world_model.DreamEnv
+(the same asynchronous collector as real mode; a dream starts from a real page at any stage of a
+recorded episode and runs at most --dream-len imagined steps; the world model's `done: yes` is the
+reward), plus real expert trajectories at --real-ratio of the batch, then one policy update
+(update.py; GSPO by default). Every --replay-every iterations a few dreams are replayed on real
+pages (world_model.replay) to check the dream reward; those replays are the only real browser
+steps the loop takes (env/real_steps, apart from dream/steps).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+from tqdm import tqdm
+
+import checkpoint
+import distributed
+import env as webenv
+import policy
+import report
+import rollout as rollouts
+import supervised
+import update
+from runlog import read_jsonl, write_jsonl
+
+
+def dream_batch(args, it: int, rank: int, world: int, demos: list[dict]) -> tuple[list[tuple[str, int]], list[dict]]:
+    """This rank's share of iteration `it`'s batch: (dream jobs, real expert trajectories).
+
+    The batch holds about groups_per_iter * group_size trajectories: round(real_ratio * that) real
+    expert trajectories drawn at random from the demos, and the rest as imagined groups of G
+    dreams each, (task, seed) cycling through the suite; the seed picks a real start state.
+    Expert trajectories and groups are dealt round-robin over ranks (groups never straddle ranks).
+    """
+    total = args.groups_per_iter * args.group_size
+    n_real = round(args.real_ratio * total)
+    n_groups = round((total - n_real) / args.group_size)
+    rng = random.Random(args.seed * 1_000_003 + it)  # the same draw on every rank
+    groups = [(args.tasks[(it * n_groups + g) % len(args.tasks)], rng.choice(webenv.TRAIN_SEEDS))
+              for g in range(n_groups)]  # cycle through the suite: every task gets its turn
+    real = [demos[rng.randrange(len(demos))] for _ in range(n_real)] if demos else []
+    jobs = [job for job in groups[rank::world] for _ in range(args.group_size)]
+    return jobs, real[rank::world]
+
+
+def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args, it: int) -> tuple[dict, int, list[dict]]:
+    """Replay a sample of dreams' actions on real pages (world_model.replay) and compare the world
+    model's completion judgement (the dream reward) with the real reward.
+
+    Returns (counts, real browser steps taken, records). counts: replayed (dreams replayed without
+    an env_error), matched (whose start page was reproduced exactly on real pages), and, among the
+    matched only, contradiction (predicted success differs from the real one) and false_success
+    (predicted success that did not happen); train_dream sums them over ranks into rates.
+    Records (for the HTML report): the dream with each turn's `real_observation` and
+    `predicted_success` / `real_success`.
+    """
+    import world_model
+
+    rng = random.Random(args.seed * 7919 + it)
+    pool = [t for t in trajs if not t["env_error"] and t["turns"]]
+    sample = rng.sample(pool, min(args.replay_samples, len(pool)))
+    counts = {"contradiction": 0, "false_success": 0, "matched": 0, "replayed": 0}
+    steps = 0
+    out = []
+    for t in sample:
+        start = world_model.pick_start_state(states, t["seed"], t["task"])
+        if start.get("seed") is None:
+            continue
+        if not renv_holder:
+            renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1)))
+        r = world_model.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
+        steps += r["steps"]
+        if r["env_error"]:
+            continue
+        counts["replayed"] += 1
+        if r["start_match"]:  # otherwise the real outcome says nothing about the world model
+            counts["matched"] += 1
+            counts["contradiction"] += int(r["success"] != t["success"])
+            counts["false_success"] += int(t["success"] and not r["success"])
+        turns = [{k: v for k, v in u.items() if k not in ("prompt_ids", "response_ids", "response_logprobs")}
+                 for u in t["turns"]]
+        obs_after = r["observations"] + [None] * (len(turns) - len(r["observations"]))
+        # turn k shows the page the agent acted on; the real page after step k-1 is its counterpart
+        for k, u in enumerate(turns):
+            u["real_observation"] = u["observation"] if k == 0 else obs_after[k - 1]
+        t["replayed"] = True  # the report shows the record (with the real pages) instead
+        out.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
+                    "predicted_success": t["success"], "real_success": r["success"],
+                    "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
+    return counts, steps, out
+
+
+def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,
+                 world: int, seed: int, ref=None) -> dict:
+    """One policy update on this rank's imagined trajectories plus its real expert trajectories.
+
+    How real expert trajectories enter the loss. Default (--expert-loss nll): a likelihood term
+    weighted by their share of the batch, loss = (1 - share) * L_gspo + share * L_nll. An expert
+    trajectory has no group of its own: every one succeeds, so a group-normalised advantage would
+    be zero and it would teach nothing; the likelihood term keeps the policy on real pages'
+    behaviour whatever the world model gets wrong, which is what the real data is there for.
+    --expert-loss gspo instead makes them GSPO samples with advantage 1 - (mean dream reward):
+    off-policy, clipped by the sequence ratio like every other sample.
+    """
+    dreams = [t for t in trajs if not t["env_error"]]
+    n_dream, n_real, dream_reward = distributed.all_sums([len(dreams), len(real), sum(t["reward"] for t in dreams)],
+                                                         world)
+    expert_share = n_real / max(1.0, n_real + n_dream)
+    nll, expert_trajs = [], []
+    if args.expert_loss == "nll":
+        nll = [s for t in real for s in supervised.expert_turns(t, tok, args)]
+    else:
+        base = dream_reward / n_dream if n_dream else 0.0
+        for k, t in enumerate(real):
+            turns = [{"prompt_ids": p, "response_ids": r} for p, r in supervised.expert_turns(t, tok, args)]
+            expert_trajs.append({"task": t["task"], "seed": f"expert-{k}", "turns": turns,
+                                 "reward": 1.0, "success": True, "env_error": False, "advantage": 1.0 - base})
+    stats = update.policy_update(model, opt, tok, trajs + expert_trajs, cfg, device, world, ref=ref, nll=nll,
+                                 nll_coef=expert_share if args.expert_loss == "nll" else 0.0,
+                                 rl_scale=1.0 - expert_share if args.expert_loss == "nll" else 1.0, seed=seed)
+    # the dream reward: dreams only, whatever the loss does with the expert trajectories
+    stats["rollout/reward"] = dream_reward / max(1.0, n_dream)
+    stats.update({"dream/trajectories": n_dream, "dream/real_trajectories": n_real, "dream/real_share": expert_share})
+    return stats
+
+
+def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it: int, extra: dict,
+                rank: int, world: int, device, ref=None) -> None:
+    """--mode dream from iteration `it` (0, or the resumed checkpoint's; `extra` its counters) to
+    args.iterations. Reads the dream-mode flags (real_ratio, dream_len, world_model, transitions,
+    demos, expert_loss, replay_every, replay_samples) and the RL ones (groups_per_iter, group_size,
+    num_envs, step_timeout, temperature, max_new_tokens, prompt settings, save_every, keep_ckpts)."""
+    import world_model
+
+    real_steps, dream_steps = extra.get("env_steps", 0), extra.get("dream_steps", 0)
+    demos = supervised.expert_trajectories(args.demos, args.tasks) if args.real_ratio > 0 else []
+    if args.real_ratio > 0 and not demos:
+        raise ValueError(f"{args.demos} holds no successful expert trajectory for tasks {args.tasks}")
+    pool, states = None, []
+    if args.real_ratio < 1:
+        if not os.path.exists(args.transitions):
+            raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
+                                    "`python world_model.py --collect runs/transitions.jsonl`")
+        states = [s for s in world_model.start_states(read_jsonl(args.transitions)) if s["task"] in args.tasks]
+        missing = sorted(set(args.tasks) - {s["task"] for s in states})
+        if missing:
+            raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
+        wm, wm_tok = policy.load_model(args.world_model, device=device)
+        wm.eval().requires_grad_(False)
+        # A dream step waits for the world model's lock behind up to num_envs - 1 others (DreamEnv),
+        # so its time limit scales with them; a dream has no page that can hang.
+        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len,
+                                                                  bf16=bool(args.bf16) and device.type == "cuda"),
+                                tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
+    distributed.print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length "
+                             f"{args.dream_len}, loss {args.loss}, expert loss {args.expert_loss}, world {world}")
+    renv: list = []  # one real browser for the replay checks, opened on first use
+    replays_path = os.path.join(args.out, "dream_replays.jsonl")
+    if it and rank == 0 and os.path.exists(replays_path):  # resumed: like metrics.jsonl, drop what is redone
+        write_jsonl(replays_path, [r for r in read_jsonl(replays_path) if r.get("iteration", 0) <= it])
+    settings = args.prompt_settings
+    try:
+        bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)
+        while it < args.iterations:
+            t0 = time.time()
+            jobs, real = dream_batch(args, it, rank, world, demos)
+            trajs, rstats = [], {}
+            with distributed.full_params(model, opt):  # --fsdp: full weights on every rank through rollout and update
+                if jobs:
+                    trajs, rstats = rollouts.rollout(gen, tok, pool, jobs, temperature=args.temperature,
+                                                     max_new_tokens=args.max_new_tokens, prompt=args.prompt,
+                                                     source="dream", progress=rank == 0, desc=f"dream {it}")
+                lstats = dream_update(model, opt, tok, trajs, real, args, cfg, device, world,
+                                      seed=args.seed * 1_000_003 + it, ref=ref)
+            gen.push_weights(model)  # the next rollout samples from the updated policy
+            dreams = [t for t in trajs if not t["env_error"]]
+            replay_c, steps_now, replays = {}, 0, []
+            if args.replay_every and (it + 1) % args.replay_every == 0 and args.real_ratio < 1:  # every rank together
+                replay_c, steps_now, replays = replay_dreams(dreams, states, renv, args, it + 1)
+            it += 1
+            real_steps += int(distributed.all_sum(steps_now, world))
+            dream_steps += int(distributed.all_sum(rstats.get("env_steps", 0), world))
+            m = {**distributed.all_mean(rollouts.rollout_metrics(trajs, rstats), world), **lstats}
+            if replay_c:  # every rank replays at the same iterations, so these collectives match
+                c = dict(zip(sorted(replay_c), distributed.all_sums([replay_c[k] for k in sorted(replay_c)], world)))
+                m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),
+                          "dream/replay_contradiction": c["contradiction"] / max(1, c["matched"]),
+                          "dream/replay_false_success": c["false_success"] / max(1, c["matched"])})
+            m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
+            logger.log(m, it)
+            if rank == 0 and replays:
+                with open(replays_path, "a") as f:
+                    for r in replays:
+                        f.write(json.dumps(r) + "\n")
+            bar.update(1)
+            bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.4f}")
+            if rank == 0 and report.due(args.report_every, it, args.iterations):
+                report.write_run_report(args.out, replays + [t for t in trajs if not t.get("replayed")], it, args.mode)
+            counters = {"env_steps": real_steps, "dream_steps": dream_steps}
+            if it % args.save_every == 0 or it == args.iterations:
+                checkpoint.save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, counters, args.keep_ckpts,
+                                           rank, world, settings)
+        bar.close()
+        checkpoint.save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": real_steps,
+                                   "dream_steps": dream_steps}, args.keep_ckpts, rank, world, settings)
+    finally:
+        if pool is not None:
+            pool.close()
+        for e in renv:
+            e.close()

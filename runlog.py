@@ -1,0 +1,86 @@
+"""A run's logs: metrics to TensorBoard and JSONL, and the one reader of every JSONL file.
+
+    log = Logger("runs/real", enabled=rank == 0, resume_step=None)
+    log.log({"rollout/success": 0.5, "loss/policy": 0.1}, step=1)     # out/tb and out/metrics.jsonl
+    rows = read_jsonl("runs/real/metrics.jsonl")                       # a cut last line is skipped
+
+Keys are namespaced (`loss/`, `rollout/`, `env/`, `perf/`, `eval/`, ...). On resume from step s,
+metrics.jsonl loses the lines after s and TensorBoard purges its events after s (they are redone),
+so curves never show a step twice.
+
+Every JSONL file of the project (demos, transitions, trajectories, metrics, dream replays) is
+appended one line at a time; a run killed while appending leaves a cut last line. `read_jsonl`
+skips such a line with a warning; a broken line anywhere else is an error that names it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+logger = logging.getLogger(__name__)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Every record of a JSONL file, blank lines skipped. A last line that does not parse (a write
+    cut short) is dropped with a warning. Errors: FileNotFoundError; ValueError naming the file and
+    line for a broken line that is not the last."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                logger.warning("%s: skipping its last line, cut short (%d characters): %s", path, len(line), e)
+                continue
+            raise ValueError(f"{path} line {i + 1} is not JSON ({e}); only a cut last line is skipped") from None
+    return out
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    """Replace `path` by the records, one JSON line each, atomically (a temp file, then rename)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+class Logger:
+    """`log(metrics, step)`: TensorBoard (out/tb) + JSONL (out/metrics.jsonl) on rank 0, a no-op
+    elsewhere. resume_step: the step a resumed run restarts after; later lines and events are dropped."""
+
+    def __init__(self, out: str, enabled: bool, resume_step: int | None = None):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        path = os.path.join(out, "metrics.jsonl")
+        if resume_step is not None and os.path.exists(path):
+            write_jsonl(path, [m for m in read_jsonl(path) if m.get("step", 0) <= resume_step])
+        # purge_step: events at or after it, written by the interrupted run, are dropped
+        self.tb = SummaryWriter(os.path.join(out, "tb"),
+                                purge_step=resume_step + 1 if resume_step is not None else None)
+        self.jsonl = open(path, "a")
+
+    def log(self, metrics: dict, step: int) -> None:
+        if not self.enabled:
+            return
+        for k, v in metrics.items():
+            self.tb.add_scalar(k, v, step)
+        self.jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        self.jsonl.flush()
+        self.tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.tb.close()
+            self.jsonl.close()

@@ -1,0 +1,93 @@
+"""Success rates and how sure we are of them: Wilson intervals, per-task summaries, paired comparisons.
+
+    lo, hi = wilson(17, 20)                         # 95% interval of a success rate
+    summary = summarise(trajectories, tasks)        # per task and overall, env_error left out
+    p = paired(before, after)                       # the same (task, seed) episodes under two policies
+
+Two policies evaluated on the same eval episodes (eval.py uses fixed eval seeds) are compared
+pair by pair: an episode solved by one and not the other is a discordant pair; the difference of
+success rates is (gained - lost) / n, with a 95% interval for paired proportions (Wald, on the
+discordant counts) and the exact McNemar test (a two-sided binomial test on the discordant pairs).
+Comparing two marginal intervals instead wastes most of the information: the same pages are easy or
+hard for both policies.
+"""
+from __future__ import annotations
+
+import math
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion, as (low, high) in [0, 1].
+
+    Always holds the observed rate: exactly 0.0 below when successes == 0 and exactly 1.0 above when
+    successes == n (floating point alone gives 2.8e-17 and 0.9999999999999999 there). (0, 1) when n == 0.
+    Errors: ValueError unless 0 <= successes <= n."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    lo = 0.0 if successes == 0 else min(p, max(0.0, centre - half))
+    hi = 1.0 if successes == n else max(p, min(1.0, centre + half))
+    return lo, hi
+
+
+def summarise(trajs: list[dict], tasks: list[str]) -> dict:
+    """Per-task and overall success with Wilson intervals from trajectory records (records.Trajectory;
+    only task, success, env_error and steps are read). env_error episodes are neither successes nor
+    failures: left out of the rates and counted apart. A task whose every episode was an env_error
+    has success None (nothing was measured)."""
+    rows = {}
+    for task in tasks:
+        ts = [t for t in trajs if t["task"] == task]
+        ok = [t for t in ts if not t["env_error"]]
+        s = sum(t["success"] for t in ok)
+        lo, hi = wilson(s, len(ok))
+        rows[task] = {"success": s / len(ok) if ok else None, "ci95": [lo, hi], "n": len(ok), "successes": s,
+                      "env_error": len(ts) - len(ok), "mean_steps": sum(t["steps"] for t in ok) / max(1, len(ok))}
+    ok = [t for t in trajs if not t["env_error"]]
+    s = sum(t["success"] for t in ok)
+    lo, hi = wilson(s, len(ok))
+    measured = [r["success"] for r in rows.values() if r["success"] is not None]
+    mean = {"success": s / len(ok) if ok else None, "ci95": [lo, hi], "n": len(ok), "successes": s,
+            "env_error": len(trajs) - len(ok), "task_mean": sum(measured) / len(measured) if measured else None}
+    return {"tasks": rows, "mean": mean}
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: the chance, with discordant pairs split 50/50, of a split at
+    least as uneven as gained vs lost (binomial, capped at 1). 1.0 with no discordant pair."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    k = min(gained, lost)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired(a: dict, b: dict, z: float = 1.96) -> dict:
+    """Compare policy B with policy A on the episodes both have.
+
+    a, b: {(task, seed): success bool} (env_error episodes left out by the caller). Returns {n,
+    gained (B solved, A did not), lost (A solved, B did not), a, b (success rates), diff (b - a),
+    ci95 (Wald interval of the paired difference), p (exact McNemar)}. Errors: ValueError when the
+    two share no episode."""
+    keys = sorted(set(a) & set(b), key=str)
+    n = len(keys)
+    if n == 0:
+        raise ValueError("the two evaluations share no (task, seed) episode")
+    gained = sum(1 for k in keys if b[k] and not a[k])
+    lost = sum(1 for k in keys if a[k] and not b[k])
+    diff = (gained - lost) / n
+    var = (gained + lost - (gained - lost) ** 2 / n) / n ** 2  # variance of the paired difference
+    half = z * math.sqrt(max(var, 0.0))
+    return {"n": n, "gained": gained, "lost": lost, "a": sum(bool(a[k]) for k in keys) / n,
+            "b": sum(bool(b[k]) for k in keys) / n, "diff": diff, "ci95": [diff - half, diff + half],
+            "p": mcnemar_exact(gained, lost)}
+
+
+def outcomes(trajs: list[dict]) -> dict:
+    """{(task, seed): success} of the episodes that did not end in env_error (for `paired`)."""
+    return {(t["task"], t["seed"]): bool(t["success"]) for t in trajs if not t["env_error"]}

@@ -1,0 +1,149 @@
+"""Supervised training: behaviour cloning on expert trajectories (--mode bc) and the Δ world model
+on real transitions (--mode wm). One loop: -log p(target | prompt), averaged over target tokens.
+
+    python train.py --mode bc --demos runs/demos.jsonl --out runs/bc [--think]
+    python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm
+
+BC (WebAgent-R1 Sec. 3.1): every turn of every successful expert trajectory is a sample, its
+prompt built exactly as at rollout time (compress.py: compression, budget, system prompt), its
+target the expert's reply, with --think a short grounded thought before the action
+(experts.thought). WM (DynaWeb Sec. 3, Eq. 2): world_model.wm_samples, target the Δ.
+
+Each optimizer step takes a batch of --batch-size samples from a per-epoch permutation (the same on
+every rank; each rank takes every world-th one), micro-batches sorted by length (less padding, the
+same gradient). The loss is the token mean over the batch's target tokens on every rank together
+(a global count, distributed.all_sums), and the ranks' gradients are summed.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import checkpoint
+import compress
+import distributed
+import experts
+import policy
+from runlog import read_jsonl
+
+
+def expert_trajectories(path: str, tasks: list[str]) -> list[dict]:
+    """The successful expert trajectories of `tasks` in a demos file (experts.py).
+    Errors: FileNotFoundError naming the command that writes it."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--demos {path} not found: write it with `python experts.py --out {path}`")
+    return [t for t in read_jsonl(path) if t.get("success") and t["task"] in tasks]
+
+
+def expert_turns(traj: dict, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reply ids + end-of-turn) for each turn of one expert trajectory, prompts built
+    with args.prompt (compress.PromptSettings); with args.prompt.think a grounded thought comes
+    before each action."""
+    eos = tokenizer.eos_token_id
+    history, out = [], []
+    for turn in traj["turns"]:
+        prompt = args.prompt.build(tokenizer, history, turn["observation"])
+        response = turn.get("response") or turn["action"]
+        if args.prompt.think and not turn.get("response"):  # the thinking format: a short grounded thought first
+            response = f"<think>{experts.thought(turn['observation'], turn['action'])}</think>{response}"
+        out.append((prompt, compress.encode_text(tokenizer, response) + [eos]))
+        history.append({"observation": turn["observation"], "response": response})
+    return out
+
+
+def bc_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, action ids + end-of-turn) for every turn of every successful expert trajectory of
+    args.tasks. Errors: ValueError when there is none."""
+    samples = [s for traj in expert_trajectories(path, args.tasks) for s in expert_turns(traj, tokenizer, args)]
+    if not samples:
+        raise ValueError(f"{path} holds no successful expert trajectory for tasks {args.tasks}")
+    return samples
+
+
+def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, Δ ids + end-of-turn) for every recorded real transition of args.tasks (world_model.py).
+    Errors: FileNotFoundError naming the command that writes the file; ValueError when none is usable."""
+    import world_model
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--transitions {path} not found: write it with `python world_model.py --collect`")
+    trs = [t for t in read_jsonl(path) if t["task"] in args.tasks]
+    samples = world_model.wm_samples(trs, tokenizer, max_tokens=args.max_prompt_tokens)
+    if not samples:
+        raise ValueError(f"{path} holds no usable transition for tasks {args.tasks}")
+    return samples
+
+
+def batch_indices(lengths: list[int], step: int, batch_size: int, seed: int, rank: int = 0, world: int = 1,
+                  by_length: bool = True) -> list[int]:
+    """This rank's samples for optimizer step `step` (0-based): each epoch a permutation seeded with
+    seed + epoch (the same on every rank), cut into consecutive batches of batch_size (the remainder
+    is left out); rank takes [rank::world] of its batch, sorted by length, longest first. Sorting
+    changes no gradient (the same sum over the same samples) but makes micro-batches of similar
+    lengths, which pad less (the default BC run: 1.18x the real tokens instead of 1.51x; bench.py
+    --only padding, which passes by_length=False)."""
+    per_epoch = max(1, len(lengths) // batch_size)
+    epoch, offset = divmod(step, per_epoch)
+    order = np.random.default_rng(seed + epoch).permutation(len(lengths))
+    batch = order[offset * batch_size:(offset + 1) * batch_size][rank::world].tolist()
+    return sorted(batch, key=lambda i: -lengths[i]) if by_length else batch
+
+
+def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world: int, device) -> None:
+    """Run --mode bc or wm from optimizer step `step` (0, or the resumed checkpoint's) to the end
+    (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
+    Reads args: mode, demos or transitions, tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
+    save_every, keep_ckpts, out, and the prompt settings."""
+    samples = bc_samples(args.demos, tok, args) if args.mode == "bc" else wm_samples(args.transitions, tok, args)
+    tag = args.mode
+    if args.batch_size % world:
+        raise ValueError(f"--batch-size {args.batch_size} must divide evenly over {world} ranks")
+    steps_per_epoch = max(1, len(samples) // args.batch_size)
+    total_steps = max(1, int(steps_per_epoch * args.epochs))
+    # linear warm-up over 10 steps, then linear decay to a tenth
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps))
+    sched.last_epoch = step
+    distributed.print0(rank, f"{tag}: {len(samples)} samples, {total_steps} steps of {args.batch_size}, "
+                             f"lr {args.lr}, world {world}")
+    bar = tqdm(total=total_steps, initial=step, desc=tag, disable=rank != 0)
+    t_start, tokens = time.time(), 0
+    lengths = [len(prompt) + len(target) for prompt, target in samples]
+    settings = args.prompt_settings
+    while step < total_steps:
+        batch = batch_indices(lengths, step, args.batch_size, args.seed, rank, world)
+        model.train()
+        n_tok = distributed.all_sum(sum(len(samples[i][1]) for i in batch), world)  # target tokens, all ranks
+        loss_sum = 0.0
+        t0 = time.time()
+        for mb in range(0, len(batch), args.micro_batch):
+            idx = batch[mb:mb + args.micro_batch]
+            ids, mask, resp_mask, L = policy.response_batch([samples[i][0] for i in idx], [samples[i][1] for i in idx],
+                                                            tok.pad_token_id)
+            with policy.autocast(device, bool(args.bf16)):
+                logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L)  # (B, L)
+            loss = -(logp * resp_mask.to(device)).sum() / n_tok  # this rank's share of the global token mean
+            loss.backward()
+            loss_sum += loss.item()
+            tokens += int(mask.sum())
+        distributed.sync_gradients(model, world)
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        m = {f"loss/{tag}": distributed.all_sum(loss_sum, world), "loss/grad_norm": float(gnorm),
+             "perf/step_s": time.time() - t0,
+             "perf/tokens_per_s": distributed.all_sum(tokens, world) / (time.time() - t_start),
+             "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch}
+        logger.log(m, step)
+        bar.update(1)
+        bar.set_postfix(loss=f"{m[f'loss/{tag}']:.3f}")
+        if step % args.save_every == 0 or step == total_steps:
+            checkpoint.save_checkpoint(args.out, f"step-{step:06d}", model, tok, opt, step, {}, args.keep_ckpts,
+                                       rank, world, settings)
+    bar.close()
+    checkpoint.save_checkpoint(args.out, "final", model, tok, opt, step, {}, args.keep_ckpts, rank, world, settings)

@@ -1,0 +1,204 @@
+"""The policy-gradient update: one iteration's trajectories in, optimizer steps out (M-GRPO or GSPO).
+
+    cfg = UpdateConfig(loss="mgrpo", aggregation="turn", ppo_epochs=2, minibatches=2)
+    stats = policy_update(model, opt, tok, trajectories, cfg, device, world, ref=ref_model)
+
+Each turn of a trajectory is one sample: its prompt ids plus its reply ids, exactly as generated
+(records.Turn). Advantages are group-normalised over (task, seed) groups (mgrpo.group_advantages);
+a trajectory with an "advantage" key keeps that value instead (dream mode's expert trajectories).
+env_error trajectories are left out before anything is counted: neither success nor failure.
+
+The batch is used `ppo_epochs` times; each pass shuffles the trajectories and cuts them into
+`minibatches` parts, one optimizer step each (so the clipped ratio acts from the second step on).
+pi_old, the sampling-time policy, is scored once before the first step; with a single step pi_old
+is the current policy itself (ratio exactly 1). The loss of one step is the mean over its part's
+trajectories (mgrpo.token_weights' aggregation, or GSPO's per-trajectory mean), with the counts
+taken over every rank (distributed.all_sums), and the ranks' gradients are summed: a rank with a
+smaller share weighs each of its trajectories the same as a rank with a larger one. Trajectories
+with a zero advantage count in the mean but are not run (without a KL term their gradient is 0).
+Micro-batches are built from whole trajectories (GSPO's sequence ratio needs all of a trajectory's
+tokens in one call; M-GRPO does not mind), so gradient accumulation adds up to the step's loss.
+
+Dream mode adds `nll`, (prompt ids, reply ids) samples of real expert turns, whose token-mean
+negative log-likelihood enters each step with weight `nll_coef` while the RL loss is scaled by
+`rl_scale`: loss = rl_scale * L_rl + nll_coef * L_nll (dream.py says why).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+import distributed
+import gspo
+import mgrpo
+import policy
+import records
+
+
+@dataclass
+class UpdateConfig:
+    """The knobs of one policy update (train.py fills them from its flags)."""
+    loss: str = "mgrpo"              # "mgrpo" (token-level ratio) or "gspo" (sequence-level ratio)
+    aggregation: str = "trajectory"  # M-GRPO's token weights: mgrpo.AGGREGATIONS
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0             # M-GRPO's k3 penalty to the reference model (needs ref)
+    ppo_epochs: int = 1              # passes over the batch
+    minibatches: int = 1             # optimizer steps per pass
+    micro_batch: int = 8             # samples (turns) per forward pass
+    temperature: float = 1.0         # the sampling temperature: log-probs are of softmax(logits / T)
+    max_grad_norm: float = 1.0
+    bf16: bool = False
+
+
+def score(model, tok, batch: list[tuple], temperature: float, bf16: bool, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Log-probs of each sample's reply tokens. batch: [(trajectory index, prompt ids, reply ids)].
+    Returns logp (B, L) float32, the reply mask (B, L) (replies right-aligned) and L."""
+    ids, mask, rm, L = policy.response_batch([p for _, p, _ in batch], [r for _, _, r in batch], tok.pad_token_id)
+    with policy.autocast(device, bf16):
+        logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L, temperature=temperature)
+    return logp.float(), rm.to(device), L
+
+
+def micro_batches(trajectories: list[int], by_traj: dict, size: int) -> list[list[int]]:
+    """Sample indices in micro-batches of about `size` samples, never splitting a trajectory."""
+    out, cur = [], []
+    for i in trajectories:
+        cur += by_traj.get(i, [])
+        if len(cur) >= size:
+            out.append(cur)
+            cur = []
+    return out + ([cur] if cur else [])
+
+
+def _right_aligned(rows: list[torch.Tensor], like: torch.Tensor, L: int) -> torch.Tensor:
+    """Stack per-sample reply vectors right-aligned into a (B, L) tensor like `like` (zeros elsewhere)."""
+    out = torch.zeros_like(like)
+    for j, r in enumerate(rows):
+        out[j, L - len(r):] = r
+    return out
+
+
+def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, device, world: int = 1, *,
+                  ref=None, nll: list[tuple[list[int], list[int]]] | None = None, nll_coef: float = 0.0,
+                  rl_scale: float = 1.0, seed: int = 0) -> dict:
+    """Optimizer steps on this rank's trajectories (collective under torchrun: every rank calls it,
+    each with its own trajectories, and every rank takes the same number of steps).
+
+    ref: a frozen reference model; with cfg.kl_coef > 0 (M-GRPO) its k3 KL enters the loss, and
+    whenever it is given the KL of the trained tokens is logged (loss/kl). seed: the shuffle of
+    the passes (the same on every rank is not needed). Returns metrics, counts summed over ranks:
+    rollout/reward (mean reward of the trajectories that count), rollout/zero_var_groups (share of
+    them in groups with equal rewards), loss/trajectories (counted), loss/trajectories_trained
+    (nonzero advantage), loss/updates (optimizer steps), loss/policy, loss/ratio, loss/clip_frac,
+    loss/kl (weighted means), loss/grad_norm (last step), loss/empty_samples, and loss/nll with nll.
+    """
+    nll = nll or []
+    valid = [t for t in trajectories if records.trainable(t)]
+    rewards = torch.tensor([t["reward"] for t in valid], dtype=torch.float32)
+    adv, zero_var_share = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in valid])
+    for i, t in enumerate(valid):
+        if "advantage" in t:
+            adv[i] = float(t["advantage"])
+    samples = [(i, u["prompt_ids"], u["response_ids"]) for i, t in enumerate(valid) for u in t["turns"]
+               if u.get("response_ids")]
+    use_kl = cfg.loss == "mgrpo" and cfg.kl_coef > 0
+    if use_kl and ref is None:
+        raise ValueError("kl_coef > 0 needs a reference model (ref)")
+    trained = [i for i in range(len(valid)) if float(adv[i]) != 0.0 or use_kl]
+    n_valid, r_sum, n_zero, n_trained, n_empty = distributed.all_sums(
+        [len(valid), float(rewards.sum()), zero_var_share * len(valid), len(trained),
+         sum(1 for t in valid for u in t["turns"] if not u.get("response_ids"))], world)
+    stats = {"rollout/reward": r_sum / max(1.0, n_valid), "rollout/zero_var_groups": n_zero / max(1.0, n_valid),
+             "loss/trajectories": n_valid, "loss/trajectories_trained": n_trained, "loss/empty_samples": n_empty}
+    by_traj: dict[int, list[int]] = {}
+    for k, (i, _, _) in enumerate(samples):
+        by_traj.setdefault(i, []).append(k)
+    n_updates = cfg.ppo_epochs * cfg.minibatches
+    # pi_old (when several steps share the batch) and the reference log-probs, scored once up front
+    old, ref_lp = {}, {}
+    if trained and (n_updates > 1 or ref is not None):
+        model.eval()
+        with torch.no_grad():
+            for mb in micro_batches(trained, by_traj, cfg.micro_batch):
+                batch = [samples[k] for k in mb]
+                for net, store in ((model, old), (ref, ref_lp)):
+                    if net is None or (net is model and n_updates == 1):
+                        continue
+                    lp, _, L = score(net, tok, batch, cfg.temperature, cfg.bf16, device)
+                    for j, k in enumerate(mb):
+                        store[k] = lp[j, L - len(samples[k][2]):]
+    model.train()
+    agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0, "loss/updates": 0,
+           "loss/grad_norm": 0.0}
+    if nll_coef:
+        agg["loss/nll"] = 0.0
+    weight_seen = 0.0  # ratio, clip fraction and KL are means weighted by each micro-batch's loss weight
+    rng = random.Random(seed)
+    trained_set = set(trained)
+    for _ in range(cfg.ppo_epochs):
+        order = list(range(len(valid)))
+        rng.shuffle(order)
+        for part in range(cfg.minibatches):
+            chunk = order[part::cfg.minibatches]
+            nll_chunk = nll[part::cfg.minibatches]
+            run = [i for i in chunk if i in trained_set]
+            chunk_tokens = sum(len(samples[k][2]) for i in chunk for k in by_traj.get(i, []))
+            n_chunk, tok_chunk, n_run, nll_tok = distributed.all_sums(
+                [len(chunk), chunk_tokens, len(run), sum(len(r) for _, r in nll_chunk)], world)
+            if n_run + nll_tok == 0:
+                # no rank has anything to train on: stepping AdamW on zero gradients would still move
+                # the weights along its stale moments. Every rank takes this branch together.
+                continue
+            if run:
+                ks = [k for i in run for k in by_traj[i]]
+                lengths = torch.tensor([len(samples[k][2]) for k in ks])
+                full = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).float()
+                local = torch.tensor([samples[k][0] for k in ks])
+                # one action token's weight in each sample, over this step's trajectories on every rank
+                w_tok = mgrpo.token_weights(full, torch.unique(local, return_inverse=True)[1], cfg.aggregation,
+                                            num_traj=n_chunk, num_tokens=tok_chunk)[:, 0]
+                w_of = dict(zip(ks, w_tok.tolist()))
+            for mb in micro_batches(run, by_traj, cfg.micro_batch):
+                batch = [samples[k] for k in mb]
+                logp, rm, L = score(model, tok, batch, cfg.temperature, cfg.bf16, device)  # (B, L)
+                old_lp = _right_aligned([old[k] for k in mb], logp, L) if n_updates > 1 else logp.detach()
+                r_lp = _right_aligned([ref_lp[k] for k in mb], logp, L) if ref is not None else None
+                if cfg.loss == "gspo":
+                    local = {i: j for j, i in enumerate(dict.fromkeys(i for i, _, _ in batch))}
+                    loss, s = gspo.gspo_loss(logp, old_lp, adv[list(local)].to(device), rm,
+                                             torch.tensor([local[i] for i, _, _ in batch], device=device),
+                                             num_traj=n_chunk, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+                    weight = len(local) / n_chunk
+                    if r_lp is not None:  # monitoring only: GSPO has no KL term
+                        d = (r_lp - logp.detach()).clamp(-20, 20)
+                        s["kl"] = float(((d.exp() - d - 1) * rm).sum() / rm.sum().clamp(min=1))
+                else:
+                    w = rm * torch.tensor([w_of[k] for k in mb], device=device)[:, None]
+                    a = torch.tensor([float(adv[i]) for i, _, _ in batch], device=device)
+                    loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                               ref_logp=r_lp, kl_coef=cfg.kl_coef if use_kl else 0.0)
+                    weight = s["weight"]
+                (loss * rl_scale).backward()
+                agg["loss/policy"] += loss.item() / n_updates
+                agg["loss/ratio"] += s["ratio"] * weight
+                agg["loss/clip_frac"] += s["clip_frac"] * weight
+                agg["loss/kl"] += s.get("kl", 0.0) * weight
+                weight_seen += weight
+            for j in range(0, len(nll_chunk), cfg.micro_batch):  # real expert turns: -log p(reply)
+                batch = [(None, p, r) for p, r in nll_chunk[j:j + cfg.micro_batch]]
+                logp, rm, _ = score(model, tok, batch, 1.0, cfg.bf16, device)
+                loss = -(logp * rm).sum() / nll_tok
+                (loss * nll_coef).backward()
+                agg["loss/nll"] += loss.item() / n_updates
+            distributed.sync_gradients(model, world)
+            agg["loss/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            agg["loss/updates"] += 1
+    for k in ("loss/ratio", "loss/clip_frac", "loss/kl"):
+        agg[k] = agg[k] / weight_seen if weight_seen else (1.0 if k == "loss/ratio" else 0.0)
+    stats.update(agg)
+    return stats
