@@ -21,38 +21,12 @@ import re
 import sys
 import time
 
-from env import SUITE, Obs, WebEnv, parse_action, train_seeds, eval_seeds
+from actions import parse_action
+from axtree import Node, read_tree
+from env import SUITE, Obs, WebEnv, train_seeds, eval_seeds
 
 # ----------------------------------------------------------------------------------------------
-# Reading the observation
-
-_LINE = re.compile(r"^(?P<indent> *)(?:\[(?P<bid>[a-zA-Z]*\d+)\] )?(?P<role>\S+)"
-                   r"(?: (?P<name>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?"
-                   r"(?: value=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?(?P<rest>.*)$")
-
-
-class Node:
-    """One line of the flattened tree: bid, role, name, value and flags (focused, checked, ...)."""
-
-    def __init__(self, bid, role, name, value, flags, depth):
-        self.bid, self.role, self.name, self.value, self.flags, self.depth = bid, role, name, value, flags, depth
-
-    def __repr__(self):
-        return f"Node({self.bid!r}, {self.role!r}, {self.name!r}, value={self.value!r}, flags={self.flags})"
-
-
-def read_tree(axtree: str) -> list[Node]:
-    """Parse env.flatten_axtree's text back into nodes (names are repr-quoted there)."""
-    nodes = []
-    for line in axtree.splitlines():
-        m = _LINE.match(line)
-        if not m:
-            continue
-        name = ast.literal_eval(m["name"]) if m["name"] else ""
-        value = ast.literal_eval(m["value"]) if m["value"] else None
-        flags = {f.strip().split("=")[0] for f in m["rest"].split(",") if f.strip()}
-        nodes.append(Node(m["bid"], m["role"], name, value, flags, len(m["indent"])))
-    return nodes
+# Reading the observation (axtree.read_tree: one Node a line)
 
 
 def quoted(goal: str) -> list[str]:
