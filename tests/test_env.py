@@ -4,7 +4,9 @@ import os
 
 import pytest
 
+import browser
 import env
+import watchdog
 from axtree import read_tree
 
 # ---------------------------------------------------------------------------------------------
@@ -33,13 +35,13 @@ def test_unknown_task():
 
 
 def test_url_allowed():
-    assert env.url_allowed(os.environ["MINIWOB_URL"] + "click-button.html")
-    assert env.url_allowed("about:blank")
-    assert not env.url_allowed("file:///etc/passwd")
-    assert not env.url_allowed("file://" + env.MINIWOB_HTML_DIR + "/../../../../etc/passwd")
-    assert not env.url_allowed("file://" + env.MINIWOB_HTML_DIR + "-evil/x.html")
-    assert not env.url_allowed("http://example.com/")
-    assert not env.url_allowed("https://localhost:8080/")
+    assert browser.url_allowed(os.environ["MINIWOB_URL"] + "click-button.html")
+    assert browser.url_allowed("about:blank")
+    assert not browser.url_allowed("file:///etc/passwd")
+    assert not browser.url_allowed("file://" + browser.MINIWOB_HTML_DIR + "/../../../../etc/passwd")
+    assert not browser.url_allowed("file://" + browser.MINIWOB_HTML_DIR + "-evil/x.html")
+    assert not browser.url_allowed("http://example.com/")
+    assert not browser.url_allowed("https://localhost:8080/")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ def test_browser_crash_is_env_error_and_recovers(envs):
     import signal
     e = envs("focus-text")
     obs = e.reset(env.eval_seeds(1)[0])
-    for pid in env.chromium_pids(e.marker)[:1]:  # the browser process itself
+    for pid in watchdog.chromium_pids(e.marker)[:1]:  # the browser process itself
         os.kill(pid, signal.SIGKILL)
     obs, reward, done, info = e.step("click('12')")
     assert done and info["env_error"] and reward == 0.0 and not info["success"]
