@@ -35,6 +35,7 @@ import experts
 import policy
 import generators
 import supervised
+import watchdog
 from rollout import EnvPool, EnvProcess, rollout
 
 
@@ -245,8 +246,8 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
             env, current = w.env, w.current
             # mid-episode (after at least one step): a kill during reset is retried by WebEnv itself
             if env is not None and current is not None and current[2]["turns"]:
-                pids = webenv.chromium_pids(env.marker)
-                webenv.sigkill(pids)
+                pids = watchdog.chromium_pids(env.marker)
+                watchdog.sigkill(pids)
                 if pids:
                     killed.append(env.marker)
     k = threading.Thread(target=killer, daemon=True)

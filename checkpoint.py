@@ -103,6 +103,11 @@ def restore_state(path: str, opt, rank: int = 0, model=None) -> tuple[int, dict]
     is split to each rank's shards by torch.distributed.checkpoint. A run resumed on more ranks than
     it had keeps its own seeding for the new ones."""
     state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    # keys a learning-rate scheduler added to the saved groups (initial_lr) must exist before loading
+    for group, saved in zip(opt.param_groups, state["optimizer"].get("param_groups", [])):
+        for k, v in saved.items():
+            if k != "params":
+                group.setdefault(k, v)
     if model is not None and distributed.is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

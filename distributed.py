@@ -94,10 +94,14 @@ def sync_gradients(model, world: int, bucket_mb: float = BUCKET_MB) -> None:
     """Sum the gradients over ranks, in flat buckets of about `bucket_mb` MB (one all-reduce each).
 
     A parameter without a gradient on this rank (it ran no backward) contributes zeros, so every
-    rank issues the same collectives. Under --fsdp FSDP reduce-scatters the gradients itself (summed
-    too: see `shard`). Collective: every rank calls it."""
+    rank issues the same collectives. Under --fsdp FSDP reduce-scatters the gradients itself, as a
+    mean (its divide factor would need NCCL's PREMUL_SUM, which gloo lacks): they are multiplied
+    back by the world size here. Collective: every rank calls it."""
     if is_sharded(model):
         reduce_sharded_grads(model)
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(world)
         return
     if world == 1:
         return
@@ -165,8 +169,6 @@ def shard(model):
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(base, mesh=mesh)
-    for m in _fsdp_modules(model):
-        m.set_gradient_divide_factor(1.0)  # sum over ranks, like sync_gradients (losses use global counts)
     return model
 
 
@@ -218,9 +220,8 @@ def reduce_sharded_grads(model) -> None:
     """Inside `full_params`: reduce-scatter the gradients accumulated since the last step, then
     drop the full weights so that the optimizer steps the shards (and clip_grad_norm_ sees the
     sharded gradients; it computes the global norm of DTensors correctly). One forward/backward of a
-    one-token input with a zero loss, run by every rank, triggers FSDP's reduce-scatter of every layer
-    (a sum: `shard` sets the divide factor to 1). Outside `full_params` FSDP has already reduced each
-    backward's gradients: nothing to do."""
+    one-token input with a zero loss, run by every rank, triggers FSDP's reduce-scatter (a mean) of
+    every layer. Outside `full_params` FSDP has already reduced each backward's gradients: nothing to do."""
     if not holds_full(model):
         return
     root = unwrap(model)

@@ -9,17 +9,20 @@
 
     python env.py --task click-link --seed 3        # print a page's observation, time resets/steps
 
-What this file adds to BrowserGym (browsergym-core 0.14.3):
-- one Chromium per WebEnv, kept across episodes; each reset only opens a new context and page
-  (BrowserGym relaunches the browser on every reset: most of an episode's time, and defunct
-  processes pile up);
-- no second browser for the chat window (an in-memory stand-in), no screenshot or DOM snapshot,
-  no slow_mo and no pre-observation sleep (0.21 s a step instead of 0.85 s); screenshots on request:
+This file is what a user imports: the task registry and seeds (TASKS, SUITE, train_seeds, eval_seeds,
+is_success), the observation (Obs) and the environment (WebEnv, make_env). Its parts live beside it:
+actions.py (the action grammar, parse_action), axtree.py (the tree text), browser.py (the Chromium
+session and its network sandbox), watchdog.py (time bounds, by killing processes).
+
+The environment's contract:
+- one Chromium per WebEnv, kept across episodes: a reset opens a new page, not a new browser, and a
+  step takes about 0.21 s (browser.py lists what differs from BrowserGym); screenshots on request:
   `WebEnv(task, screenshots=True)` puts a small JPEG of the task area on Obs.screenshot after every
   reset and step (for report.py; about 40 ms each);
-- a strict action grammar (`parse_action`): model text is parsed with `ast`, never executed;
-- every request is routed: only the MiniWoB html folder loads (file://), everything else aborts;
-  no host name resolves and WebRTC sends no UDP (for what the router cannot see); popups are closed;
+- model text is parsed by a strict grammar (actions.parse_action) with `ast`, never executed; a
+  parse error costs a step and is shown in the next observation;
+- only the MiniWoB html folder loads (file://), every other request aborts; no host name resolves
+  and WebRTC sends no UDP; popups are closed;
 - reward 1 only on full credit (MiniWoB pays partial credit for some wrong answers);
 - a browser fault ends the episode with info["env_error"] = True and never raises from step();
   every step, reset and close is bounded in wall-clock time (a watchdog kills a page that stops
@@ -27,37 +30,17 @@ What this file adds to BrowserGym (browsergym-core 0.14.3):
 """
 from __future__ import annotations
 
-import ast
-import contextlib
-import inspect
 import logging
 import os
-import signal
-import re
-import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 
-import playwright.sync_api
+import watchdog
+from actions import ActionParseError, parse_action
+from axtree import flatten_axtree
+from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv, short_error
 
-import miniwob as _miniwob_pkg
-
-# BrowserGym's MiniWoB tasks read MINIWOB_URL when they are built: set it before anything else.
-MINIWOB_HTML_DIR = os.path.join(os.path.dirname(os.path.abspath(_miniwob_pkg.__file__)), "html")
-os.environ.setdefault("MINIWOB_URL", "file://" + os.path.join(MINIWOB_HTML_DIR, "miniwob") + "/")
-
-from browsergym.core.action import functions as _bg_functions  # noqa: E402
-from browsergym.core.action.highlevel import HighLevelActionSet  # noqa: E402
-from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE  # noqa: E402
-from browsergym.core.env import BrowserEnv  # noqa: E402
-from browsergym.core.observation import (  # noqa: E402
-    MarkingError,
-    _post_extract,
-    _pre_extract,
-    extract_merged_axtree,
-)
-from browsergym.miniwob import ALL_MINIWOB_TASKS  # noqa: E402
+from browsergym.miniwob import ALL_MINIWOB_TASKS  # (after browser, which sets MINIWOB_URL for it)
 
 logger = logging.getLogger(__name__)
 
@@ -150,985 +133,17 @@ def short_url(url: str) -> str:
     return url[len(prefix):] if url.startswith(prefix) else url
 
 
-_DROP_ROLES = {"InlineTextBox", "LineBreak"}
-# Roles an agent acts on: shown even without a name (an empty textbox is still a target).
-_INTERACTIVE = {"button", "textbox", "searchbox", "checkbox", "radio", "combobox", "listbox", "option",
-                "link", "tab", "menuitem", "menuitemcheckbox", "menuitemradio", "switch", "slider",
-                "spinbutton", "treeitem", "gridcell", "cell", "columnheader", "rowheader", "row",
-                "dialog", "alertdialog", "tablist", "tabpanel", "menu", "menubar", "tree", "grid",
-                "table", "img", "image", "heading", "ListMarker"}
-_FLAG_PROPS = ("focused", "required", "disabled", "checked", "selected", "expanded", "pressed")
-
-
-def _name(node: dict) -> str:
-    return " ".join(str((node.get("name") or {}).get("value", "") or "").split())
-
-
-def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
-    """The accessibility tree as text, one node a line, one space of indent per level.
-
-    Kept: nodes an agent acts on (buttons, fields, options, ...) with their bid; text. A node
-    with no name whose only content is one text (click-link's <span> links, list items, labels)
-    is printed as one line with that text as its name: `[13] generic 'ornare'`. Dropped:
-    InlineTextBox and LineBreak (Chromium 156 adds InlineTextBox nodes), the document's own line,
-    unnamed containers (their children move up a level), text that repeats its parent's or a
-    sibling's name, and every property but a few flags (focused, checked, selected, ...).
-    The first `max_lines` lines are kept.
-    """
-    nodes = axtree.get("nodes", [])
-    if not nodes:
-        return ""
-    by_id = {n["nodeId"]: n for n in nodes}
-    lines: list[str] = []
-
-    def children(node: dict) -> list[dict]:
-        out = []
-        for cid in node.get("childIds", []):
-            child = by_id.get(cid)
-            if child is None or cid == node["nodeId"]:
-                continue
-            if child.get("role", {}).get("value") in _DROP_ROLES:
-                continue
-            if child.get("ignored") and child.get("role", {}).get("value") not in ("RootWebArea",):
-                out.extend(children(child))  # ignored wrappers can hold visible children
-            else:
-                out.append(child)
-        return out
-
-    def visit(node: dict, depth: int, context_names: set[str]) -> None:
-        role = node.get("role", {}).get("value", "")
-        name = _name(node)
-        bid = node.get("browsergym_id")
-        kids = children(node)
-        # fold "one node + one text": <span>ornare</span> -> [13] generic 'ornare'
-        if (role != "StaticText" and not name and len(kids) == 1
-                and kids[0].get("role", {}).get("value") == "StaticText" and _name(kids[0])):
-            name, kids = _name(kids[0]), []
-            folded = True
-        else:
-            folded = False
-        if role == "RootWebArea":
-            show = False
-        elif role == "StaticText":
-            show = bool(name) and not any(name in c for c in context_names if c)
-        elif role in _INTERACTIVE or role.lower() in _INTERACTIVE:
-            show = True
-        elif folded and name in context_names:
-            show = False  # e.g. the text inside a filled textbox repeats its value
-        else:
-            show = bool(name)  # containers: only when they carry text
-        if show:
-            s = (f"[{bid}] " if bid is not None else "") + role + (f" {name!r}" if name else "")
-            value = (node.get("value") or {}).get("value")
-            if value not in (None, "") and str(value) != name:
-                s += f" value={value!r}"
-            props = {p.get("name"): (p.get("value") or {}).get("value") for p in node.get("properties", [])}
-            attrs = [k for k in _FLAG_PROPS if props.get(k) not in (None, False, "false")]
-            attrs = [k if props[k] in (True, "true") else f"{k}={props[k]!r}" for k in attrs]
-            if attrs:
-                s += ", " + ", ".join(attrs)
-            lines.append(" " * depth + s)
-        # a child's text is redundant if the parent (shown or not) or a sibling already says it
-        sibling_names = {_name(k) for k in kids if k.get("role", {}).get("value") != "StaticText"}
-        value = (node.get("value") or {}).get("value")
-        ctx = ({name} if name else set()) | ({str(value)} if value not in (None, "") else set()) | sibling_names | (context_names if not show else set())
-        for k in kids:
-            visit(k, depth + 1 if show else depth, ctx)
-
-    visit(nodes[0], 0, set())
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------------------------
-# Action grammar
-
-
-class ActionParseError(ValueError):
-    """The model's text holds no valid action. The message (str(e)) is shown to the agent.
-
-    `kind` names the failure for code and tests: empty, too_long, no_action, unclosed_think,
-    unclosed, syntax, not_plain, unknown_action, star_args, not_literal, too_many_args,
-    bad_keyword, missing_arg, bad_bid, bad_number, bad_options, bad_text, bad_key.
-    """
-
-    def __init__(self, message: str, kind: str = "invalid"):
-        super().__init__(message)
-        self.kind = kind
-
-    def __reduce__(self):  # keep `kind` across pickling (multiprocessing)
-        return type(self), (str(self), self.kind)
-
-
-# name -> parameter names (positional order); the canonical form is positional.
-ACTIONS: dict[str, tuple[str, ...]] = {
-    "click": ("bid",),
-    "dblclick": ("bid",),
-    "hover": ("bid",),
-    "focus": ("bid",),
-    "clear": ("bid",),
-    "check": ("bid",),
-    "uncheck": ("bid",),
-    "fill": ("bid", "value"),
-    "select_option": ("bid", "options"),
-    "press": ("bid", "key_comb"),
-    "scroll": ("delta_x", "delta_y"),
-    "send_msg_to_user": ("text",),
-    "noop": (),
-}
-_ALIASES = {"text": "value", "option": "options", "key": "key_comb", "dx": "delta_x", "dy": "delta_y",
-            "message": "text", "msg": "text"}
-_BID_RE = re.compile(r"^[a-zA-Z]*[0-9]+$")
-# `name(` or `obj.name(`; no space around the dot: "...the OK button. click('15')" is prose then a call
-_CALL_START = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\(")
-_EXAMPLE = "reply with one call such as click('12') or fill('14', 'text')"
-MAX_REPLY_CHARS = 50_000   # longer replies are refused unread; scanning 50k takes < 0.3 s (2 busy cores)
-_MAX_NESTING = 4           # brackets inside one call (a valid action nests at most 2): deeper is refused unparsed
-_MAX_SCROLL = 1e9          # pixels; also refuses inf and nan
-_PAIRS = {"(": ")", "[": "]", "{": "}"}
-_CODE_RUN = re.compile(r"[^'\"()\[\]{}#]+")
-# The rest of a string literal after its opening quote(s), closing quote(s) included. A one-quote
-# string may run over real newlines (models write them inside text); they are escaped before ast.
-_STRING_REST = {
-    "'": re.compile(r"[^'\\]*(?:\\.[^'\\]*)*'", re.S),
-    '"': re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S),
-    "'''": re.compile(r"[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''", re.S),
-    '"""': re.compile(r'[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""', re.S),
-}
-_LINE_STRING_REST = {"'": re.compile(r"[^'\\\n]*(?:\\.[^'\\\n]*)*'"),  # a string in code outside calls
-                     '"': re.compile(r'[^"\\\n]*(?:\\.[^"\\\n]*)*"')}
-_QUOTE_OR_HASH = re.compile(r"['\"#]")
-_TRAILING_COMMENT = re.compile(r"[ \t]*#")
-_VALID_ESCAPES = frozenset("\\'\"abfnrtv01234567xNuU")
-_STRING_FIX = re.compile(r"\\(?:\r\n|.)|[\r\n\x00]", re.S)
-
-
-def _literal(node: ast.AST):
-    """A Python literal from an ast node, or raise: str, int, float, -number, list of those."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd))
-            and isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float)):
-        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(e) for e in node.elts]
-    raise ActionParseError(
-        f"arguments must be literals (quoted strings or numbers), got {_snippet(ast.unparse(node))}; {_EXAMPLE}",
-        "not_literal")
-
-
-def _snippet(s: str, limit: int = 60) -> str:
-    return repr(s if len(s) <= limit else s[:limit] + "...")
-
-
-def _match_paren(t: str, p: int, cache: dict) -> tuple[int, int] | None:
-    """Lexically match the '(' at t[p], skipping strings, comments and nested brackets:
-    (index of its ')', bracket depth) or None if it never closes (or a bracket mismatches).
-    Every '(' met in code position gets its own result cached (lexing from it sees the same
-    tokens), so a long reply full of call starts is still lexed about once."""
-    if p in cache:
-        return cache[p]
-    stack, inner = [p], [0]  # open brackets; deepest nesting seen inside each
-    i, n = p + 1, len(t)
-    while i < n:
-        c = t[i]
-        if c in "([{":
-            hit = cache.get(i, False) if c == "(" else False
-            if hit is None:
-                break
-            if hit:
-                inner[-1] = max(inner[-1], hit[1])
-                i = hit[0] + 1
-                continue
-            stack.append(i)
-            inner.append(0)
-            i += 1
-        elif c in ")]}":
-            if _PAIRS[t[stack[-1]]] != c:
-                break
-            o, d = stack.pop(), inner.pop() + 1
-            if t[o] == "(":
-                cache[o] = (i, d)
-            if not stack:
-                return cache[o]
-            inner[-1] = max(inner[-1], d)
-            i += 1
-        elif c == "#":
-            i = t.find("\n", i)
-            if i < 0:
-                break
-        elif c in "'\"":
-            q = c * 3 if t.startswith(c * 3, i) else c
-            m = _STRING_REST[q].match(t, i + len(q))
-            if not m:
-                break
-            i = m.end()
-        else:
-            i = _CODE_RUN.match(t, i).end()
-    for o in stack:
-        if t[o] == "(":
-            cache[o] = None
-    return None
-
-
-def _fix_string_body(body: str) -> str:
-    """The body of a non-raw string literal, rewritten so that ast reads what the model wrote:
-    a real newline, carriage return or NUL becomes its escape (kept in the value, not turned into
-    a space), an unknown escape such as \\d keeps its backslash (Python's rule, without its
-    warning, which -W error would turn into a SyntaxError), a backslash before a line end joins
-    the lines (Python's rule)."""
-    def fix(m: re.Match) -> str:
-        s = m.group()
-        if len(s) == 1:
-            return {"\n": "\\n", "\r": "\\r", "\x00": "\\x00"}[s]
-        if s[1] in "\r\n":
-            return ""
-        return s if s[1] in _VALID_ESCAPES else "\\" + s
-    return _STRING_FIX.sub(fix, body)
-
-
-def _rewrite(seg: str) -> str:
-    """A lexically closed call with the bodies of its non-raw string literals fixed (above)."""
-    out, i = [], 0
-    while True:
-        m = _QUOTE_OR_HASH.search(seg, i)
-        if not m:
-            out.append(seg[i:])
-            return "".join(out)
-        h = m.start()
-        if seg[h] == "#":  # a comment inside the call: it ends at a newline before the ')'
-            j = seg.find("\n", h)
-            out.append(seg[i:j])
-            i = j
-            continue
-        q = seg[h] * 3 if seg.startswith(seg[h] * 3, h) else seg[h]
-        end = _STRING_REST[q].match(seg, h + len(q)).end()  # matches: _match_paren lexed it
-        k = h
-        while k > 0 and h - k < 2 and seg[k - 1] in "rRbBuUfF":
-            k -= 1
-        raw = "r" in seg[k:h].lower() and (k == 0 or not (seg[k - 1].isalnum() or seg[k - 1] == "_"))
-        body = seg[h + len(q):end - len(q)]
-        out += [seg[i:h + len(q)], body if raw else _fix_string_body(body), q]
-        i = end
-
-
-@dataclass
-class _Candidate:
-    """One `name(` in the reply: a call that parses (node) or why it does not (error)."""
-    start: int
-    end: int                  # past its ')' (the end of the text when it never closes)
-    head: str                 # the callee as written: "click", "page.click"
-    node: ast.Call | None = None
-    src: str = ""             # the text ast parsed (for the source of number literals)
-    error: ActionParseError | None = None
-
-
-def _scan(text: str) -> list[_Candidate]:
-    """Every `name(` in the text, left to right, except those inside a call that parses (the
-    text of an argument is not searched). ast.parse only parses: nothing is evaluated."""
-    cache: dict = {}
-    out, last_end = [], 0
-    for m in _CALL_START.finditer(text):
-        s = m.start()
-        if s < last_end:
-            continue
-        head = m.group()[:-1]
-        hit = _match_paren(text, m.end() - 1, cache)
-        if hit is None:
-            if head in ACTIONS:  # only a broken whitelisted call can be the answer (an error)
-                out.append(_Candidate(s, len(text), head, error=ActionParseError(
-                    f"the action {_snippet(text[s:s + 80])} is not closed: close its quotes and end it with ')'; "
-                    f"{_EXAMPLE}", "unclosed")))
-            continue
-        close, depth = hit
-        why = "brackets nested too deeply"
-        if depth <= _MAX_NESTING:
-            src = "(" + _rewrite(text[s:close + 1]) + ")"
-            try:
-                node = ast.parse(src, mode="eval").body
-            except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-                why = getattr(e, "msg", None) or str(e) or type(e).__name__
-            else:
-                if isinstance(node, ast.Call):
-                    out.append(_Candidate(s, close + 1, head, node, src))
-                    last_end = close + 1
-                    continue
-                why = "not a call"
-        if head in ACTIONS:
-            out.append(_Candidate(s, close + 1, head, error=ActionParseError(
-                f"could not parse {_snippet(text[s:min(close + 1, s + 80)])}: {why}; {_EXAMPLE}", "syntax")))
-    return out
-
-
-def _fence_comments(text: str, lo: int, hi: int, calls: list[_Candidate], mark: bytearray) -> None:
-    """Mark the '#' comments of the code between lo and hi (a ``` block) in `mark`, skipping the
-    calls (lexed already) and string literals (a '#' inside one is text)."""
-    spans = [(c.start, c.end) for c in calls if c.end > lo and c.start < hi]
-    k, pos = 0, lo
-    while pos < hi:
-        while k < len(spans) and spans[k][1] <= pos:
-            k += 1
-        if k < len(spans) and spans[k][0] <= pos:
-            pos = spans[k][1]
-            continue
-        gap_end = min(spans[k][0], hi) if k < len(spans) else hi
-        m = _QUOTE_OR_HASH.search(text, pos, gap_end)
-        if not m:
-            pos = gap_end
-            continue
-        h, c = m.start(), m.group()
-        if c == "#":
-            e = text.find("\n", h, hi)
-            e = hi if e < 0 else e
-            mark[h:e] = b"\x01" * (e - h)
-            pos = e
-            while k < len(spans) and spans[k][0] < e:  # a call that starts in the comment is comment
-                pos = max(pos, spans[k][1])
-                k += 1
-        elif text.startswith(c * 3, h):
-            s = _STRING_REST[c * 3].match(text, h + 3, gap_end)
-            pos = s.end() if s else gap_end
-        else:
-            s = _LINE_STRING_REST[c].match(text, h + 1, gap_end)
-            e = text.find("\n", h, gap_end)
-            pos = s.end() if s else (gap_end if e < 0 else e)
-
-
-def _canonical(name: str, args: list) -> str:
-    """The one string for an action: positional, each argument as its repr (a list of options
-    as a list of reprs), so parse_action(_canonical(...)) gives the same string back."""
-    return f"{name}({', '.join(repr(a) for a in args)})"
-
-
-def _number_text(node: ast.AST, src: str) -> str:
-    """A number written where text is expected, exactly as the model wrote it: fill('3', 1.50)
-    fills '1.50', not '1.5'; click(0x1F) is the bid '0x1F' (invalid), not '31'."""
-    if isinstance(node, ast.UnaryOp):
-        return ("-" if isinstance(node.op, ast.USub) else "+") + ast.get_source_segment(src, node.operand)
-    return ast.get_source_segment(src, node)
-
-
-def parse_action(text: str) -> str:
-    """Parse the model's raw text into one canonical action string.
-
-    Grammar: one call of a whitelisted function (see ACTIONS) with literal arguments, e.g.
-    `click('13')`, `fill('14', 'Myron')`, `select_option('9', ['a', 'b'])`, `scroll(0, 300)`.
-    The text is parsed with `ast` (mode 'eval') and never executed.
-
-    - Around the call: prose, ``` fences, and a <think>...</think> block are ignored: calls
-      before the last </think> are thoughts, and so is everything after a <think> that is never
-      closed. Inside a ``` block, `#` comments are ignored and other statements (an assignment,
-      a comment line) may come before the call; a `# comment` after a call on its line is ignored
-      anywhere. Nothing inside a call's string arguments is ever taken for markup or a call.
-    - Several calls: the LAST one is the action (models often restate a plan before acting),
-      `click('1') then click('2')` -> `click('2')`. If that last call is invalid, or the last
-      `name(` of a whitelisted action after it never closes or does not parse, that is the
-      error: an earlier call is never used instead.
-    - Arguments: strings follow Python's literal rules (`'it\\'s'`, `"say \\"hi\\""`, `'a\\nb'` is a
-      newline), except that a real newline inside quotes is kept as a newline. Integer bids are
-      accepted (click(13) -> click('13')); a number where text is expected is kept as written
-      (fill('3', 1.50) -> fill('3', '1.50')). Keyword arguments are made positional.
-    - The canonical string is `name(repr(arg), ...)`: parse_action(canonical) == canonical.
-    - A reply longer than MAX_REPLY_CHARS is refused (kind 'too_long') without being scanned.
-
-    Returns: the canonical string, e.g. "click('13')".
-    Errors: ActionParseError (a ValueError) with a message meant for the agent and a `kind`.
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise ActionParseError(f"empty reply; {_EXAMPLE}", "empty")
-    if len(text) > MAX_REPLY_CHARS:
-        raise ActionParseError(f"reply too long ({len(text)} characters, at most {MAX_REPLY_CHARS}); "
-                               f"{_EXAMPLE}", "too_long")
-    found = _scan(text)
-    calls = [c for c in found if c.node is not None]
-    in_call = bytearray(len(text))
-    for c in calls:
-        in_call[c.start:c.end] = b"\x01" * (c.end - c.start)
-
-    def markup(tag: str, lo: int = 0) -> list[int]:  # where a tag occurs outside every call
-        out, i = [], text.find(tag, lo)
-        while i >= 0:
-            if not in_call[i]:
-                out.append(i)
-            i = text.find(tag, i + len(tag))
-        return out
-
-    ends = markup("</think>")
-    lo = ends[-1] + len("</think>") if ends else 0
-    opens = markup("<think>", lo)
-    hi = opens[0] if opens else len(text)
-    comment = bytearray(len(text))
-    fences = markup("```", lo)
-    for a, b in zip(fences[::2], fences[1::2] + [hi]):
-        if a < hi:
-            _fence_comments(text, a + 3, min(b, hi), calls, comment)
-    live = []
-    for c in found:
-        if lo <= c.start < hi and not comment[c.start]:
-            live.append(c)
-            m = _TRAILING_COMMENT.match(text, c.end) if c.node is not None else None
-            if m:
-                e = text.find("\n", m.end())
-                e = len(text) if e < 0 else e
-                comment[m.end() - 1:e] = b"\x01" * (e - m.end() + 1)
-    ok = [c for c in live if c.node is not None]
-    after = ok[-1].end if ok else lo
-    broken = [c for c in live if c.node is None and c.head in ACTIONS and c.start >= after]
-    if broken:
-        raise broken[-1].error
-    if not ok:
-        if opens:
-            raise ActionParseError(f"the <think> block is not closed with </think>, so no action follows it; "
-                                   f"{_EXAMPLE}", "unclosed_think")
-        where = " after </think>" if ends else ""
-        raise ActionParseError(f"no action found{where}; {_EXAMPLE}", "no_action")
-    return _check_call(ok[-1].node, ok[-1].src)
-
-
-def _check_call(call: ast.Call, src: str) -> str:
-    """The canonical string of one parsed call, or ActionParseError."""
-    if not isinstance(call.func, ast.Name):
-        raise ActionParseError(
-            f"only plain action calls are allowed, not {_snippet(ast.unparse(call.func))}; {_EXAMPLE}",
-            "not_plain")
-    name = call.func.id
-    if name not in ACTIONS:
-        raise ActionParseError(f"unknown action {name!r}; allowed: {', '.join(ACTIONS)}", "unknown_action")
-    params = ACTIONS[name]
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        raise ActionParseError(f"*args/**kwargs are not allowed in {name}(); {_EXAMPLE}", "star_args")
-    if len(call.args) > len(params):
-        raise ActionParseError(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), "
-                               f"got {len(call.args)}", "too_many_args")
-    nodes = dict(zip(params, call.args))
-    for kw in call.keywords:
-        key = _ALIASES.get(kw.arg, kw.arg)
-        if key not in params or key in nodes:
-            raise ActionParseError(f"{name}() got an unexpected or repeated argument {kw.arg!r}", "bad_keyword")
-        nodes[key] = kw.value
-    missing = [p for p in params if p not in nodes]
-    if missing:
-        raise ActionParseError(f"{name}() is missing argument(s): {', '.join(missing)}; "
-                               f"e.g. {_signature_example(name)}", "missing_arg")
-    out = []
-    for p in params:
-        node = nodes[p]
-        v = _literal(node)
-        if p == "bid":
-            if isinstance(v, (int, float)):
-                v = _number_text(node, src)
-            if not isinstance(v, str) or not _BID_RE.fullmatch(v.strip()):
-                raise ActionParseError(f"bid must be an element id from the tree such as '12', "
-                                       f"got {_snippet(str(v))}", "bad_bid")
-            v = v.strip()
-        elif p in ("delta_x", "delta_y"):
-            if not isinstance(v, (int, float)) or not abs(v) <= _MAX_SCROLL:
-                raise ActionParseError(f"scroll() takes two numbers of pixels such as scroll(0, 300), "
-                                       f"got {_snippet(str(v))}", "bad_number")
-        elif p == "options":
-            if isinstance(v, list):
-                if not v or not all(isinstance(o, (str, int, float)) for o in v):
-                    raise ActionParseError("select_option() takes an option text or a non-empty list of "
-                                           "option texts, e.g. select_option('9', 'Blue')", "bad_options")
-                v = [_number_text(e, src) if isinstance(o, (int, float)) else o for e, o in zip(node.elts, v)]
-            elif isinstance(v, (int, float)):
-                v = _number_text(node, src)
-        else:  # value, key_comb, text
-            if isinstance(v, list):
-                raise ActionParseError(f"{name}() argument {p} must be a string, got a list", "bad_text")
-            if isinstance(v, (int, float)):
-                v = _number_text(node, src)
-            if p == "key_comb" and not v.strip():
-                raise ActionParseError("press() needs a key such as 'Enter'", "bad_key")
-        out.append(v)
-    return _canonical(name, out)
-
-
-def _signature_example(name: str) -> str:
-    return {"fill": "fill('14', 'text')", "select_option": "select_option('9', 'Blue')",
-            "press": "press('14', 'Enter')", "scroll": "scroll(0, 300)",
-            "send_msg_to_user": "send_msg_to_user('42')"}.get(name, f"{name}('12')")
-
-
-def _split_action(action: str) -> tuple[str, list]:
-    """Canonical string -> (name, args). Only called on parse_action's own output."""
-    call = ast.parse(action, mode="eval").body
-    return call.func.id, [_literal(a) for a in call.args]
-
-
-# ----------------------------------------------------------------------------------------------
-# Browser
-
-
-def chromium_path() -> str:
-    return os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")
-
-
-# Chromium flags for many small headless browsers on few cores. (BrowserGym's own
-# --disable-features=OverlayScrollbars and --hide-scrollbars changes only matter for screenshots.)
-CHROMIUM_ARGS = [
-    "--disable-gpu",
-    "--disable-crash-reporter",  # its crashpad handlers outlive the browser as zombies here
-    "--disable-dev-shm-usage",
-    "--disable-extensions",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-default-apps",
-    "--disable-sync",
-    "--no-first-run",
-    "--mute-audio",
-    "--disable-features=Translate,OptimizationHints,MediaRouter,OverlayScrollbars",
-    "--renderer-process-limit=1",
-    # The network, for what the request router (url_allowed) never sees. MiniWoB is file:// only.
-    # No host name or address resolves: WebSockets, and the preconnect of a blocked navigation,
-    # reached a local server before this flag, not with it.
-    "--host-resolver-rules=MAP * ~NOTFOUND",
-    # No WebRTC UDP (a STUN request to a literal address reached a local UDP port before this flag).
-    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
-]
+# The environment
 
 # Time bounds, in seconds (WebEnv's docstring says how they combine).
 STEP_TIMEOUT_S = 15.0    # one step(); past it the env's renderer is killed and the episode is env_error
 RESET_TIMEOUT_S = 30.0   # one reset(), every retry included
 CLOSE_TIMEOUT_S = 10.0   # one close()
-KILL_GRACE_S = 3.0       # after a renderer kill, how long a still-blocked call waits before the browser is killed
 # WebEnv(screenshots=True): MiniWoB's task area (#wrap, 160x210 px at the top-left of the page) as a JPEG
 SCREENSHOT_CLIP = {"x": 0, "y": 0, "width": 160, "height": 210}
 SCREENSHOT_QUALITY = 60
 SCREENSHOT_TIMEOUT_MS = 2000
-MAX_PAGE_ELEMENTS = 5_000  # a page with more elements is not observed (env_error); the largest MiniWoB page has 137
-
-_TLS = threading.local()  # one Playwright per thread (the sync API is bound to its thread)
-
-
-def _playwright() -> playwright.sync_api.Playwright:
-    pw = getattr(_TLS, "pw", None)
-    if pw is None:
-        pw = playwright.sync_api.sync_playwright().start()
-        pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)  # get_by_test_id() finds bids
-        _TLS.pw = pw
-    return pw
-
-
-class _Guard:
-    """One call watched by `_WATCHDOG`. `fired`: 0 (in time), 1 (the env's renderers were killed),
-    2 (its whole browser was killed)."""
-
-    __slots__ = ("marker", "due", "grace", "fired")
-
-    def __init__(self, marker: str, due: float, grace: float):
-        self.marker, self.due, self.grace, self.fired = marker, due, grace, 0
-
-
-class _Watchdog:
-    """Wall-clock bounds for calls into the browser, from one daemon thread shared by every WebEnv.
-
-    Playwright's sync calls cannot be interrupted from another thread, and page.evaluate() and DevTools
-    calls have no timeout at all: a page whose script never yields blocks them forever. What any thread
-    can do is kill processes. A guarded call still running at its deadline gets its env's renderer
-    processes SIGKILLed (the page's crash handler then closes the page, which fails the blocked call);
-    if it is still running `grace` seconds later, the env's whole browser (which fails any call). Kills
-    happen under the lock, so once a guard has exited none of its kills can still land (on a browser
-    launched after it).
-    """
-
-    def __init__(self):
-        self._cv = threading.Condition()
-        self._armed: set[_Guard] = set()
-        self._thread: threading.Thread | None = None
-
-    @contextlib.contextmanager
-    def guard(self, marker: str, seconds: float, grace: float = KILL_GRACE_S):
-        g = _Guard(marker, time.monotonic() + seconds, grace)
-        with self._cv:
-            self._armed.add(g)
-            if self._thread is None or not self._thread.is_alive():
-                try:
-                    t = threading.Thread(target=self._run, name="webdream-watchdog", daemon=True)
-                    t.start()
-                    self._thread = t
-                except RuntimeError:  # interpreter shutting down: the call runs unguarded
-                    pass
-            self._cv.notify()
-        try:
-            yield g
-        finally:
-            with self._cv:
-                self._armed.discard(g)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                now = time.monotonic()
-                due = [g for g in self._armed if g.due <= now]
-                if not due:
-                    nxt = min((g.due for g in self._armed), default=now + 60.0)
-                    self._cv.wait(max(0.01, nxt - now))
-                    continue
-                for g in due:
-                    g.fired += 1
-                    g.due = now + g.grace
-                    if g.fired >= 2:
-                        self._armed.discard(g)
-                    procs = _env_processes(g.marker)
-                    pids = [p for p, cmd in procs.items() if g.fired >= 2 or "--type=renderer" in cmd]
-                    logger.warning("watchdog: a browser call of env %s is past its deadline: SIGKILL %s %s",
-                                   g.marker, "its browser" if g.fired >= 2 else "its renderers", pids)
-                    sigkill(pids)
-
-
-_WATCHDOG = _Watchdog()
-
-
-class _MemoryChat:
-    """Stand-in for BrowserGym's Chat, which launches a second browser to draw a chat window."""
-
-    def __init__(self):
-        self.messages: list[dict] = []
-
-    def add_message(self, role: str, msg: str) -> None:
-        if role != "info":
-            self.messages.append({"role": role, "timestamp": time.time(), "message": msg})
-
-    def wait_for_user_message(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-# BrowserGym's action functions (click, fill, ...) compiled once; each env execs them into its own
-# namespace, whose `page` is rebound before every action (no exec of model text, ever).
-_ACTION_SET = HighLevelActionSet(subsets=["chat", "bid", "nav"], demo_mode="off", strict=True,
-                                 multiaction=False, retry_with_force=False)
-_ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
-# check() and uncheck() are in BrowserGym's function library but in none of its action subsets
-# (browsergym-core 0.14.3 comments them out); the grammar allows them, so they join the namespace.
-_EXTRA_ACTION_CODE = compile("\n\n".join(inspect.getsource(f) for f in (_bg_functions.check, _bg_functions.uncheck)),
-                             "<browsergym actions: check, uncheck>", "exec")
-
-_ACTIVATE_PAGE_JS = r"""
-window.browsergym_page_activated();
-window.addEventListener("focus", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("focusin", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("load", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("pageshow", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("mousemove", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("mouseup", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("mousedown", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("wheel", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("keyup", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("keydown", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("input", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("touchstart", () => {window.browsergym_page_activated();}, {capture: true});
-window.addEventListener("touchend", () => {window.browsergym_page_activated();}, {capture: true});
-document.addEventListener("visibilitychange", () => {
-    if (document.visibilityState === "visible") {
-        window.browsergym_page_activated();
-    }
-}, {capture: true});
-"""
-
-
-def url_allowed(url: str) -> bool:
-    """Only MiniWoB's own files (and blank/data pages) may load."""
-    if url.startswith(("about:blank", "data:")):
-        return True
-    if not url.startswith("file://"):
-        return False
-    path = os.path.normpath(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-    return path == MINIWOB_HTML_DIR or path.startswith(MINIWOB_HTML_DIR + os.sep)
-
-
-class PageTooLarge(RuntimeError):
-    """The page holds more than MAX_PAGE_ELEMENTS elements: it is not observed (its accessibility tree
-    would cost the renderer and Python seconds and hundreds of MB). WebEnv turns it into env_error."""
-
-
-# Errors from validating/observing a page whose document was replaced under the call (a navigation or
-# reload that the action started): the call is redone on the new document.
-_NAVIGATION_RACE = ("Execution context was destroyed", "Cannot find context with specified id",
-                    "is not defined", "detached", "not found", "without a bid", "Cannot read properties of",
-                    "navigat")
-
-
-def _is_navigation_race(e: Exception) -> bool:
-    if isinstance(e, MarkingError):
-        return True
-    return (isinstance(e, playwright.sync_api.Error) and not _is_fatal(e)
-            and any(s in str(e) for s in _NAVIGATION_RACE))
-
-
-class _PersistentBrowserEnv(BrowserEnv):
-    """BrowserGym's BrowserEnv with one Chromium kept across resets.
-
-    reset() mirrors BrowserEnv.reset (browsergym-core 0.14.3) except: the browser is launched
-    once (slow_mo 0, our flags, our executable), the chat is in memory, every request is routed
-    through `url_allowed`, and the observation skips the screenshot and the DOM snapshot.
-    After an action: popups are closed, validation and observation are redone if the page navigated
-    under them, a task page that was reloaded ends the episode, a crashed renderer raises, and a page
-    with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge instead of being observed.
-    """
-
-    def __init__(self, task_entrypoint, headless: bool, timeout_ms: int, pre_observation_delay: float,
-                 marker: str, context_episodes: int = 100):
-        super().__init__(task_entrypoint=task_entrypoint, headless=headless, slow_mo=0,
-                         pre_observation_delay=pre_observation_delay, action_mapping=None)
-        self.timeout_ms = timeout_ms
-        self.marker = marker  # an inert flag that tags this env's Chromium in `ps`
-        self.blocked: list[str] = []  # URLs aborted by the router in this episode
-        self.popups_closed: list[str] = []  # URLs of the popups closed in this episode
-        self.ns: dict = {"page": None, "DEMO_MODE": False,
-                         "send_message_to_user": lambda text: self.chat.add_message("assistant", str(text)),
-                         "report_infeasible_instructions": lambda reason: None}
-        exec(_ACTION_CODE, self.ns)  # safe: BrowserGym's own action library, compiled at import; model text is never executed
-        exec(_EXTRA_ACTION_CODE, self.ns)  # safe: check/uncheck from the same library
-        missing = [a for a in ACTIONS if a != "noop" and not callable(self.ns.get(a))]
-        if missing:  # a grammar action with no implementation would end every episode that uses it
-            raise RuntimeError(f"BrowserGym provides no function for actions {missing}")
-        self.context_episodes = context_episodes
-        self.episodes_in_context = 0
-        self.crashed = False  # the page's renderer died (Playwright's "crash" event)
-        self.doc_token = ""  # set in the task's document at reset: gone means the page was reloaded
-        self._episodes = 0
-
-    # -- browser lifetime
-    def launch(self) -> None:
-        self.browser = _playwright().chromium.launch(
-            headless=self.headless, slow_mo=0, executable_path=chromium_path(),
-            args=CHROMIUM_ARGS + [f"--webdream-env={self.marker}"])
-
-    def browser_alive(self) -> bool:
-        return self.browser is not None and self.browser.is_connected()
-
-    def _route(self, route: playwright.sync_api.Route) -> None:
-        url = route.request.url
-        if url_allowed(url):
-            route.continue_()
-        else:
-            self.blocked.append(url)
-            route.abort("blockedbyclient")
-
-    def _drain(self, ctx) -> None:
-        """Let Playwright run the route and binding callbacks queued for `ctx`. Closing a context or page
-        while a navigation's requests wait on them hung forever (7 of 30 tries, Playwright 1.44); two
-        round trips 50 ms apart first: 0 of 30."""
-        try:
-            ctx.cookies()
-            time.sleep(0.05)
-            ctx.cookies()
-        except Exception:
-            pass
-
-    def drop_context(self) -> None:
-        """Close the context and its pages (a runaway page stops here); the next reset opens a new one.
-        Never raises."""
-        ctx, self.context, self.page = self.context, None, None
-        self.page_history = {}
-        if ctx is None:
-            return
-        self._drain(ctx)
-        try:
-            ctx.close()
-        except Exception:
-            pass
-
-    def _on_crash(self, page) -> None:
-        """The renderer died. Playwright 1.44 then leaves every pending and later evaluate() on the page
-        waiting forever (measured); closing the page makes them fail at once ("Target page ... closed").
-        Event handlers run beside the blocked call, so this also unblocks a step in progress."""
-        self.crashed = True
-        try:
-            page.close(run_before_unload=False)
-        except Exception:
-            pass
-
-    def _new_context(self) -> None:
-        self.drop_context()
-        if not self.browser_alive():
-            self.launch()
-        self.context = self.browser.new_context(
-            viewport=self.task.viewport, locale=self.task.locale, timezone_id=self.task.timezone_id)
-        # Playwright's own waits: BrowserGym's actions pass 500 ms; everything else without a timeout
-        # argument waits at most timeout_ms; navigations max(timeout_ms, 10 s). evaluate() and DevTools
-        # calls have no timeout: WebEnv's watchdog bounds them.
-        self.context.set_default_timeout(self.timeout_ms)
-        self.context.set_default_navigation_timeout(max(self.timeout_ms, 10_000))  # slow under load
-        self.context.route("**/*", self._route)
-        self.context.expose_binding(
-            "browsergym_page_activated", lambda source: self._activate_page_from_js(source["page"]))
-        self.context.add_init_script(_ACTIVATE_PAGE_JS)
-        self.page_history = {}
-        self.page = self.context.new_page()
-        self.crashed = False
-        self.page.on("crash", self._on_crash)  # one renderer serves every page (--renderer-process-limit=1)
-        self.episodes_in_context = 0
-
-    def reset(self, seed: int):
-        if self.task:
-            self.task.teardown()
-            self.task = None
-        self.task = self.task_entrypoint(seed=seed)
-        self.blocked = []
-        self.popups_closed = []
-        # Reuse the context and page while it is healthy: the task's setup() navigates to its page
-        # afresh (a new document, new JS state), which is ~0.15 s cheaper than a new context.
-        # A new context every `context_episodes` episodes bounds whatever a page might leave behind.
-        reuse = (self.context is not None and self.page is not None and not self.page.is_closed()
-                 and not self.crashed and len(self.context.pages) == 1
-                 and self.episodes_in_context < self.context_episodes)
-        if not reuse:
-            self._new_context()
-        self.episodes_in_context += 1
-        self.chat = _MemoryChat()
-        self.chat.add_message("assistant", "Hi! I am your UI assistant.")
-        goal, task_info = self.task.setup(page=self.page)
-        self.goal_object = [{"type": "text", "text": goal}] if isinstance(goal, str) else list(goal or [])
-        for m in self.goal_object:
-            if m.get("type") == "text":
-                self.chat.add_message("user", m["text"])
-        self._wait_dom_loaded()
-        self._active_page_check()
-        self._check_alive()
-        self._episodes += 1
-        self.doc_token = f"{self.marker}:{self._episodes}"
-        self.task.page.evaluate("t => { window.__webdream_doc = t; }", self.doc_token)
-        self.start_time = time.time()
-        self.last_action = ""
-        self.last_action_error = ""
-        self.infeasible_message_received = False
-        return self._get_obs(), {"task_info": task_info}
-
-    def act(self, action: str | None, error: str = ""):
-        """Run one canonical action (or none, with a parse error to show), then validate and observe."""
-        self._check_alive()
-        self.last_action = action or ""
-        info = {"action_exec_start": time.time(), "action_exec_timeout": 0}
-        self.last_action_error = error
-        if action is not None:
-            name, args = _split_action(action)
-            if name == "noop":
-                pass  # BrowserGym's noop sleeps 1 s; MiniWoB pages have nothing to wait for
-            else:
-                self.ns["page"] = self.page
-                try:
-                    self.ns[name](*args)
-                except playwright.sync_api.Error as e:
-                    if _is_fatal(e):
-                        raise
-                    self.last_action_error = _short_error(e)
-                except (ValueError, TypeError) as e:  # e.g. "Could not find element with bid"
-                    self.last_action_error = _short_error(e)
-        # BrowserGym's post_step (wait for load, validate, observe) sees the page at some instant; an
-        # action can start a navigation or reload that replaces the document in the middle of it. Then
-        # the whole post-step is redone on the new document (a few times, backing off).
-        for attempt in range(4):
-            self._check_alive()
-            self._close_popups()
-            try:
-                obs, reward, terminated, truncated, info = self.post_step(info)
-                self._check_alive()  # (a crash closes the page, and BrowserGym would observe a blank new one)
-                if (not terminated and attempt < 3 and self.page == self.task.page
-                        and obs["url"] != self.task.url):  # validated the old document, observed a new one
-                    continue
-                return obs, reward, terminated, truncated, info
-            except Exception as e:
-                if attempt == 3 or self.crashed or not _is_navigation_race(e):
-                    raise
-                logger.info("the page changed while it was observed (%s); observing again", _short_error(e, 80))
-                time.sleep(0.05 * 2 ** attempt)
-
-    def _check_alive(self) -> None:
-        if self.crashed:
-            raise RuntimeError("the page's renderer crashed")
-
-    def _close_popups(self) -> None:
-        """Close every page but the task's: a popup (window.open, target=_blank) whose load was blocked,
-        a blank one, or one on a MiniWoB page. A MiniWoB task lives in one page; closing popups right
-        after the action keeps the episode there whatever the popup's load timing (its URL goes to
-        `popups_closed`, and to `blocked` if the router refused it)."""
-        task_page = self.task.page if self.task else None
-        stray = [p for p in self.context.pages if p != task_page]
-        if not stray:
-            return
-        self._drain(self.context)
-        for p in stray:
-            self.popups_closed.append(p.url)
-            try:
-                p.close(run_before_unload=False)
-            except playwright.sync_api.Error:
-                pass
-            self.page_history.pop(p, None)
-        if self.page in stray or self.page is None or self.page.is_closed():
-            self.page = task_page
-
-    def _task_validate(self):
-        page, task = self.page, self.task
-        if page == task.page and page.url == task.url:
-            # same URL, but is it still the document the task set up? (a reload starts MiniWoB afresh,
-            # with no episode running: the task could never be completed)
-            if page.evaluate("() => window.__webdream_doc || ''") != self.doc_token:
-                return 0.0, True, "", {"error": "the task page was reloaded or left, terminating task"}
-        return super()._task_validate()
-
-    def _get_obs(self):
-        """Only what the text agent needs: goal, URL, AXTree (with bids), focused bid."""
-        n = self.page.evaluate("() => document.getElementsByTagName('*').length")
-        if n > MAX_PAGE_ELEMENTS:
-            raise PageTooLarge(f"the page has {n} elements, more than {MAX_PAGE_ELEMENTS}: not observed")
-        for retries_left in reversed(range(3)):
-            try:
-                _pre_extract(self.page, tags_to_mark=self.tags_to_mark, lenient=(retries_left == 0))
-                axtree = extract_merged_axtree(self.page)
-            except (playwright.sync_api.Error, MarkingError) as e:
-                if retries_left > 0 and any(s in str(e) for s in (
-                        "detached", "not found", "context was destroyed", "without a bid",
-                        "Cannot read properties of undefined")):
-                    _post_extract(self.page)
-                    time.sleep(0.05)
-                    continue
-                raise
-            break
-        _post_extract(self.page)
-        goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
-        return {"goal": goal, "url": self.page.url, "axtree_object": axtree,
-                "last_action": self.last_action,
-                "last_action_error": self.last_action_error}
-
-    def close(self):
-        """Close the context and the browser. Never raises."""
-        self.drop_context()
-        try:
-            if self.browser is not None:
-                self.browser.close()
-        except Exception:
-            pass
-        self.task = self.context = self.browser = self.chat = self.page = None
-
-
-def _is_fatal(e: Exception) -> bool:
-    """Playwright errors that mean the browser, context or page is gone (vs. a bad action)."""
-    s = str(e)
-    return any(k in s for k in ("Target page, context or browser has been closed", "Browser has been closed",
-                                "Connection closed", "Target closed", "crashed"))
-
-
-def _short_error(e: Exception, limit: int = 200) -> str:
-    """First line of an error, without Playwright's call log (it costs tokens and helps nobody),
-    except the one fact an agent can use: which element covers the target."""
-    full = f"{type(e).__name__}: {e}"
-    s = full.split("\nCall log:")[0].strip()
-    s = s.splitlines()[0] if s else s
-    s = s if len(s) <= limit else s[: limit - 3] + "..."
-    m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
-    if m:
-        s += f" (element [{m.group(1)}] {m.group(2).strip()!r} is on top of it)"
-    return s
-
-
-# ----------------------------------------------------------------------------------------------
-# The environment
 
 _ENV_COUNTER = iter(range(10**9))
 
@@ -1157,7 +172,7 @@ class WebEnv:
       and the episode goes on in the task's page; name resolution and WebRTC UDP are off in Chromium
       (WebSockets, which the router never sees, cannot connect);
     - an infrastructure fault (the browser or its renderer died, the page stopped answering, a page
-      too large to observe: more than MAX_PAGE_ELEMENTS elements) ends the episode with done,
+      too large to observe: more than browser.MAX_PAGE_ELEMENTS elements) ends the episode with done,
       info["env_error"] = True, reward 0. step() never raises for any of these.
     After a fault the context is closed at once (a runaway page stops using CPU and memory); the
     next reset opens a fresh context in the same browser, or relaunches it if the browser died.
@@ -1180,14 +195,14 @@ class WebEnv:
     smaller bounds): a page stuck in a DOM-growing loop, env_error after 15.1 s (renderer kill; the next
     reset, in a fresh context of the same browser, 0.65 s); the same with a call the renderer kill
     cannot end, 18.1 s (browser kill; next reset relaunches, 1.1 s); a renderer that dies mid-step,
-    0.65 s; a DOM growing past MAX_PAGE_ELEMENTS, 0.3 s; a reset whose reused page hangs on unload,
+    0.65 s; a DOM growing past browser.MAX_PAGE_ELEMENTS, 0.3 s; a reset whose reused page hangs on unload,
     10.7 s (and a normal episode).
     """
 
     def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int = 5000,
                  pre_observation_delay: float = 0.0, max_tree_lines: int = 200,
                  step_timeout: float = STEP_TIMEOUT_S, reset_timeout: float = RESET_TIMEOUT_S,
-                 kill_grace: float = KILL_GRACE_S, screenshots: bool = False):
+                 kill_grace: float = watchdog.KILL_GRACE_S, screenshots: bool = False):
         task = _task_name(task)
         if not (step_timeout > 0 and reset_timeout > 0 and kill_grace > 0):
             raise ValueError(f"step_timeout, reset_timeout and kill_grace must be > 0, "
@@ -1198,7 +213,7 @@ class WebEnv:
         self.screenshots = screenshots
         self.step_timeout, self.reset_timeout, self.kill_grace = step_timeout, reset_timeout, kill_grace
         self.marker = f"{os.getpid()}-{next(_ENV_COUNTER)}"
-        self._bg = _PersistentBrowserEnv(TASKS[task], headless=headless, timeout_ms=timeout_ms,
+        self._bg = PersistentBrowserEnv(TASKS[task], headless=headless, timeout_ms=timeout_ms,
                                          pre_observation_delay=pre_observation_delay, marker=self.marker)
         self.seed: int | None = None
         self.goal = ""
@@ -1206,7 +221,6 @@ class WebEnv:
         self.done = True
         # what the next reset must repair first: None, "context" (open a fresh context) or "browser" (relaunch)
         self._broken: str | None = None
-        self.last_raw_reward = 0.0
 
     # -- helpers
     def _obs(self, bg_obs: dict, error: str = "") -> Obs:
@@ -1225,11 +239,11 @@ class WebEnv:
                                             timeout=min(self._bg.timeout_ms, SCREENSHOT_TIMEOUT_MS))
         except Exception as e:
             logger.warning("screenshot(%s, seed=%s, step %d) failed: %s", self.task, self.seed, self.t,
-                           _short_error(e, 120))
+                           short_error(e, 120))
             return None
 
     def _guard(self, seconds: float):
-        return _WATCHDOG.guard(self.marker, seconds, self.kill_grace)
+        return watchdog.guard(self.marker, seconds, self.kill_grace)
 
     def _repair(self) -> None:
         if self._broken == "browser":
@@ -1261,7 +275,7 @@ class WebEnv:
             task = _task_name(task)
             self.task = task
             self._bg.task_entrypoint = TASKS[task]
-        self.seed, self.t, self.done, self.last_raw_reward = seed, 0, False, 0.0
+        self.seed, self.t, self.done = seed, 0, False
         deadline = time.monotonic() + self.reset_timeout
         err = ""
         for attempt in range(retries + 1):
@@ -1286,7 +300,7 @@ class WebEnv:
             if fault is None:
                 return obs
             logger.warning("reset(%s, seed=%s) failed (attempt %d): %s", self.task, seed, attempt, fault)
-            err = _short_error(fault)
+            err = short_error(fault)
             # first a fresh context in the same browser, then a fresh browser
             self._broken = "context" if attempt == 0 and g.fired < 2 and self._bg.browser_alive() else "browser"
         self._broken = "browser"
@@ -1327,7 +341,7 @@ class WebEnv:
         if fault is not None:  # end the episode; the context is replaced now, the browser if need be
             logger.warning("step(%s, seed=%s) failed: %s", self.task, self.seed, fault)
             self.done = True
-            info.update(env_error=True, error=f"environment error: {_short_error(fault)}")
+            info.update(env_error=True, error=f"environment error: {short_error(fault)}")
             self._after_fault(killed_browser=g.fired >= 2)
             return Obs(self.goal, "", "", info["error"], self.t, env_error=True), 0.0, True, info
         task_info = bg_info.get("task_info", {})
@@ -1335,7 +349,6 @@ class WebEnv:
         if ended_by_page:
             terminated = True
         raw = float(task_info.get("RAW_REWARD_GLOBAL") or 0.0)
-        self.last_raw_reward = raw
         success = bool(terminated) and is_success(raw)
         truncated = not terminated and self.t >= self.max_steps
         done = bool(terminated) or truncated
@@ -1347,7 +360,7 @@ class WebEnv:
     def kill(self) -> None:
         """SIGKILL this env's Chromium processes. Safe from any thread (close() is not: Playwright's
         sync objects belong to the thread that made them); a call blocked on the browser then fails."""
-        sigkill(chromium_pids(self.marker))
+        watchdog.sigkill(watchdog.chromium_pids(self.marker))
         self._broken = "browser"
 
     def close(self) -> None:
@@ -1357,8 +370,9 @@ class WebEnv:
         self.done = True
 
     def chromium_rss_mb(self) -> float:
-        """Resident memory of this env's Chromium processes (browser + renderers), in MiB (Linux /proc)."""
-        return chromium_rss_mb(self.marker)
+        """Memory of this env's Chromium processes (browser + renderers), in MiB: PSS where the system
+        reports it, else RSS (watchdog.chromium_rss_mb)."""
+        return watchdog.chromium_rss_mb(self.marker)
 
     def __enter__(self):
         return self
@@ -1387,72 +401,6 @@ def _task_name(task: str) -> str:
 def make_env(task: str, **kw) -> WebEnv:
     """WebEnv(task, **kw). Errors: ValueError for an unknown task (the message lists valid names)."""
     return WebEnv(task, **kw)
-
-
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) for every process (Linux /proc)."""
-    procs = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            procs[int(pid)] = (ppid, cmd)
-        except (OSError, IndexError, ValueError):
-            continue
-    return procs
-
-
-def _env_processes(marker: str) -> dict[int, str]:
-    """pid -> command line of the Chromium launched with --webdream-env=<marker> and all its descendants."""
-    procs = _proc_table()
-    roots = {p for p, (_, cmd) in procs.items()
-             if f"--webdream-env={marker}" in cmd and "--type=" not in cmd and "chrom" in cmd}
-    keep, frontier = set(roots), set(roots)
-    while frontier:
-        frontier = {p for p, (pp, _) in procs.items() if pp in frontier and p not in keep}
-        keep |= frontier
-    return {p: procs[p][1] for p in keep}
-
-
-def sigkill(pids) -> None:
-    """SIGKILL each pid; ones already gone are skipped."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def chromium_pids(marker: str) -> list[int]:
-    """The Chromium launched with --webdream-env=<marker> and all its descendants."""
-    return sorted(_env_processes(marker))
-
-
-def renderer_pids(marker: str) -> list[int]:
-    """The renderer processes of the Chromium launched with --webdream-env=<marker>."""
-    return sorted(p for p, cmd in _env_processes(marker).items() if "--type=renderer" in cmd)
-
-
-def chromium_rss_mb(marker: str) -> float:
-    """Memory of one env's Chromium processes in MiB: the sum of their proportional set sizes
-    (PSS: shared pages split among the processes that share them), else of their RSS."""
-    total = 0
-    for pid in chromium_pids(marker):
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                kb = next(int(l.split()[1]) for l in f if l.startswith("Pss:"))
-        except (OSError, StopIteration):
-            try:
-                with open(f"/proc/{pid}/statm") as f:
-                    kb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-            except OSError:
-                continue
-        total += kb
-    return total / 1024
 
 
 if __name__ == "__main__":

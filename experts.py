@@ -21,38 +21,13 @@ import re
 import sys
 import time
 
-from env import SUITE, Obs, WebEnv, parse_action, train_seeds, eval_seeds
+from actions import parse_action
+from axtree import Node, read_tree
+from env import SUITE, Obs, WebEnv, train_seeds, eval_seeds
+from records import new_trajectory
 
 # ----------------------------------------------------------------------------------------------
-# Reading the observation
-
-_LINE = re.compile(r"^(?P<indent> *)(?:\[(?P<bid>[a-zA-Z]*\d+)\] )?(?P<role>\S+)"
-                   r"(?: (?P<name>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?"
-                   r"(?: value=(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?(?P<rest>.*)$")
-
-
-class Node:
-    """One line of the flattened tree: bid, role, name, value and flags (focused, checked, ...)."""
-
-    def __init__(self, bid, role, name, value, flags, depth):
-        self.bid, self.role, self.name, self.value, self.flags, self.depth = bid, role, name, value, flags, depth
-
-    def __repr__(self):
-        return f"Node({self.bid!r}, {self.role!r}, {self.name!r}, value={self.value!r}, flags={self.flags})"
-
-
-def read_tree(axtree: str) -> list[Node]:
-    """Parse env.flatten_axtree's text back into nodes (names are repr-quoted there)."""
-    nodes = []
-    for line in axtree.splitlines():
-        m = _LINE.match(line)
-        if not m:
-            continue
-        name = ast.literal_eval(m["name"]) if m["name"] else ""
-        value = ast.literal_eval(m["value"]) if m["value"] else None
-        flags = {f.strip().split("=")[0] for f in m["rest"].split(",") if f.strip()}
-        nodes.append(Node(m["bid"], m["role"], name, value, flags, len(m["indent"])))
-    return nodes
+# Reading the observation (axtree.read_tree: one Node a line)
 
 
 def quoted(goal: str) -> list[str]:
@@ -292,11 +267,13 @@ def thought(observation: str, action: str) -> str:
 
 
 def run_expert_episode(env: WebEnv, seed: int, max_steps: int = 10, rng: random.Random | None = None) -> dict:
-    """One expert episode on `env`. Returns a trajectory record (see DESIGN.md)."""
+    """One expert episode on `env`: a records.Trajectory (source "expert") whose turns hold the
+    observation, the canonical action and the error that followed, but no reply: the reply is
+    built at training time (supervised.expert_turns), with or without a thought."""
     rng = rng or random.Random(seed)
     obs = env.reset(seed)
-    record = {"task": env.task, "seed": seed, "goal": obs.goal, "source": "expert", "turns": [],
-              "reward": 0.0, "success": False, "env_error": bool(env._broken)}
+    record = new_trajectory(env.task, seed, "expert")
+    record.update(goal=obs.goal, env_error=obs.env_error)
     done = record["env_error"]
     while not done and len(record["turns"]) < max_steps:
         try:
@@ -304,9 +281,10 @@ def run_expert_episode(env: WebEnv, seed: int, max_steps: int = 10, rng: random.
         except ExpertError as e:
             record["expert_error"] = str(e)
             break
-        record["turns"].append({"observation": obs.text, "action": action, "error": obs.error})
+        turn = {"observation": obs.text, "action": action}
         obs, reward, done, info = env.step(action)
-        record.update(reward=reward, success=info["success"], env_error=info["env_error"])
+        record["turns"].append({**turn, "error": info["error"]})
+        record.update(reward=reward, success=info["success"], env_error=info["env_error"], steps=len(record["turns"]))
     return record
 
 

@@ -21,9 +21,10 @@ class Turn(TypedDict):
     """One step of an episode: the prompt the agent saw, its reply, and what the page did."""
 
     observation: str                 # env.Obs.text the agent acted on (goal, URL, tree, last error)
-    response: str                    # the reply as text (decoded, special tokens dropped)
     action: str | None               # actions.parse_action's canonical action; None when it did not parse
     error: str                       # the error the next observation shows ("" if none)
+    response: NotRequired[str]       # the reply as text (decoded, special tokens dropped); absent in
+                                     # demonstrations, whose reply is built at training time (with or without a thought)
     prompt_ids: NotRequired[list[int]]          # the compressed chat prompt, exactly as generated from
     response_ids: NotRequired[list[int]]        # sampled ids, ending with a stop id unless truncated
     response_logprobs: NotRequired[list[float]]  # log softmax(logits / T) of each sampled id, at sampling time

@@ -402,9 +402,9 @@ class EnvProcess:
     def kill(self) -> None:
         """SIGKILL the env's Chromium (found by its marker) and the child process; reap the child."""
         if self.marker:
-            import env as webenv  # (only WebEnv has a marker)
+            import watchdog  # (only WebEnv has a marker)
 
-            webenv.sigkill(webenv.chromium_pids(self.marker))
+            watchdog.sigkill(watchdog.chromium_pids(self.marker))
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(timeout=5)

@@ -105,8 +105,11 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
     steps_per_epoch = max(1, len(samples) // args.batch_size)
     total_steps = max(1, int(steps_per_epoch * args.epochs))
     # linear warm-up over 10 steps, then linear decay to a tenth
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps))
+    schedule = lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps)  # noqa: E731
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     sched.last_epoch = step
+    for group, base in zip(opt.param_groups, sched.base_lrs):  # resumed: the rate of step `step`, not of step 0
+        group["lr"] = base * schedule(step)
     distributed.print0(rank, f"{tag}: {len(samples)} samples, {total_steps} steps of {args.batch_size}, "
                              f"lr {args.lr}, world {world}")
     bar = tqdm(total=total_steps, initial=step, desc=tag, disable=rank != 0)

@@ -97,7 +97,7 @@ def main(argv=None):
         done = [rows_b[t] for t in args.tasks.split(",") if t in rows_b]
         s, n = sum(r["successes"] for r in done), sum(r["n"] for r in done)
         if n:
-            from eval import wilson
+            from stats import wilson
 
             base = {"success": s / n, "ci95": list(wilson(s, n)), "n": n}
     cmd = "python sweep.py " + " ".join(argv)

@@ -6,7 +6,7 @@
 
 DynaWeb trains an LLM to predict the change between two pages instead of the whole next page.
 Here the change Δ is a precise, line-oriented edit of the flattened accessibility tree
-(env.flatten_axtree: one node a line, `[13] button 'Submit'`), computed from real transitions by
+(axtree.flatten_axtree: one node a line, `[13] button 'Submit'`), computed from real transitions by
 `diff`, so every label is exact and every prediction can be checked exactly by `apply`.
 
 Δ format (one operation a line; header, then edits in page order, then the done line):
@@ -47,8 +47,10 @@ from dataclasses import asdict, is_dataclass
 
 import compress
 import policy
+from actions import ActionParseError, parse_action
+from axtree import BID as _BID, line_bid as _line_bid, read_tree
+from env import Obs
 from runlog import read_jsonl
-from env import ActionParseError, Obs, parse_action
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +60,6 @@ logger = logging.getLogger(__name__)
 DONE_VALUES = ("yes", "no", "fail")
 MAX_LINES = 1000  # apply() never builds a tree longer than this (flatten_axtree writes at most ~201)
 
-_BID = r"[A-Za-z]*[0-9]+"  # env._BID_RE: "13", "a12" (iframes)
-_BID_LINE = re.compile(rf" *\[({_BID})\](?: |$)")
 _REF = rf"(?:\^|\[{_BID}\])(?:\+[0-9]+)?"
 _OP_REMOVE = re.compile(rf"- ({_REF}) *$")
 _OP_ADD = re.compile(rf"\+ ({_REF}) (.*)$", re.S)
@@ -80,11 +80,6 @@ def as_state(o) -> dict:
 def _lines(axtree: str) -> list[str]:
     # split("\n"), not splitlines(): names may hold \r or \u2028 and the round trip must be exact
     return axtree.split("\n") if axtree else []
-
-
-def _line_bid(line: str) -> str | None:
-    m = _BID_LINE.match(line)
-    return m.group(1) if m else None
 
 
 def line_refs(lines: list[str]) -> list[str]:
@@ -286,7 +281,6 @@ def delta_lines(delta: str) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Real transitions
 
-_NODE = re.compile(rf" *\[({_BID})\] (\S+)(?: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?")
 _WORDS = ["hello", "Submit", "OK", "yes", "no", "blue", "42", "Alice", "password", "test", "ornare", "Cancel"]
 _TEXT_ROLES = {"textbox", "searchbox", "combobox", "spinbutton"}
 
@@ -295,16 +289,7 @@ def random_action(obs, rng: random.Random) -> str:
     """A random but well-formed action for the page: mostly clicks on a random bid, sometimes fill,
     select_option, press, check, hover, scroll, noop, or a click on a bid the page lacks (an error).
     The world model must also learn failures and no-ops, not only the expert's path."""
-    import ast
-
-    nodes = []
-    for line in _lines(as_state(obs)["axtree"]):
-        if m := _NODE.match(line):
-            try:
-                name = ast.literal_eval(m.group(3)) if m.group(3) else ""
-            except (ValueError, SyntaxError):
-                name = ""
-            nodes.append((m.group(1), m.group(2), name))
+    nodes = [(n.bid, n.role, n.name) for n in read_tree(as_state(obs)["axtree"]) if n.bid is not None and n.role]
     names = [n for _, _, n in nodes if n] or _WORDS
     texts = [b for b, r, _ in nodes if r in _TEXT_ROLES]
     selects = [b for b, r, _ in nodes if r in ("combobox", "listbox")]
@@ -364,7 +349,7 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                     rng = random.Random(f"{rng_seed}-{task}-{seed}")
                     obs = env.reset(seed)
                     counts["episodes"] += 1
-                    done = bool(env._broken)
+                    done = obs.env_error
                     counts["env_error"] += int(done)
                     while not done:
                         source = "random"

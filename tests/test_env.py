@@ -1,75 +1,16 @@
-"""env.py: the action grammar (pure), then real episodes in headless Chromium (one browser per
-task, reused by every test of the module)."""
+"""env.py: tasks, seeds and reward (pure), the request filter, then real episodes in headless Chromium
+(one browser per task, reused by every test of the module). The action grammar: test_actions.py."""
+import os
+
 import pytest
 
+import browser
 import env
-from env import ActionParseError, parse_action
+import watchdog
+from axtree import read_tree
 
 # ---------------------------------------------------------------------------------------------
-# parse_action
-
-
-@pytest.mark.parametrize("text, want", [
-    ("click('13')", "click('13')"),
-    ('click("13")', "click('13')"),
-    ("click(13)", "click('13')"),
-    ("click( '13' )", "click('13')"),
-    ("dblclick('a7')", "dblclick('a7')"),
-    ("fill('14', 'Myron')", "fill('14', 'Myron')"),
-    ("fill(14, \"it's\")", "fill('14', \"it's\")"),
-    ("fill('14', 42)", "fill('14', '42')"),
-    ("fill(bid='14', value='x')", "fill('14', 'x')"),
-    ("select_option('9', 'Blue')", "select_option('9', 'Blue')"),
-    ("select_option('9', ['a', 'b'])", "select_option('9', ['a', 'b'])"),
-    ("press('14', 'Enter')", "press('14', 'Enter')"),
-    ("scroll(0, -300)", "scroll(0, -300)"),
-    ("send_msg_to_user('42')", "send_msg_to_user('42')"),
-    ("noop()", "noop()"),
-    ("focus('12')", "focus('12')"),
-    ("clear('12')", "clear('12')"),
-    ("hover('12')", "hover('12')"),
-    ("check('3')", "check('3')"),
-    ("uncheck('3')", "uncheck('3')"),
-    # prose, <think> blocks and fences are ignored; the last call wins
-    ("I will click the OK button: click('15')", "click('15')"),
-    ("<think>maybe click('1')? no, the button is 15</think>\nclick('15')", "click('15')"),
-    ("```python\nclick('15')\n```", "click('15')"),
-    ("Action:\n```\nfill('3', 'a (b) c')\n```\nDone.", "fill('3', 'a (b) c')"),
-    ("click('1') then click('2')", "click('2')"),
-    ("fill('3', 'click(\"9\")')", "fill('3', 'click(\"9\")')"),
-])
-def test_parse_accepts(text, want):
-    assert parse_action(text) == want
-    assert parse_action(want) == want  # canonical strings are fixed points
-
-
-@pytest.mark.parametrize("text, fragment", [
-    ("", "empty"),
-    ("   ", "empty"),
-    ("I think the answer is the OK button.", "no action"),
-    ("<think>click('3')</think> I am not sure.", "no action"),
-    ("goto('http://example.com')", "unknown action"),
-    ("rm('x')", "unknown action"),
-    ("os.system('ls')", "plain action"),
-    ("page.click('13')", "plain action"),
-    ("__import__('os').system('ls')", "unknown action"),
-    ("click(x)", "literal"),
-    ("click('1' + '2')", "literal"),
-    ("fill('3', open('/etc/passwd').read())", "literal"),
-    ("click()", "missing"),
-    ("fill('3')", "missing"),
-    ("click('1', '2')", "argument"),
-    ("click('a b')", "bid"),
-    ("click(-1)", "bid"),
-    ("scroll('a', 'b')", "number"),
-    ("press('3', '')", "key"),
-    ("click(*['1'])", "args"),
-])
-def test_parse_rejects(text, fragment):
-    with pytest.raises(ActionParseError) as e:
-        parse_action(text)
-    assert fragment in str(e.value)
-    assert isinstance(e.value, ValueError) and len(str(e.value)) > 10
+# Tasks, seeds, reward
 
 
 def test_success_is_full_credit_only():
@@ -94,13 +35,13 @@ def test_unknown_task():
 
 
 def test_url_allowed():
-    assert env.url_allowed(env.os.environ["MINIWOB_URL"] + "click-button.html")
-    assert env.url_allowed("about:blank")
-    assert not env.url_allowed("file:///etc/passwd")
-    assert not env.url_allowed("file://" + env.MINIWOB_HTML_DIR + "/../../../../etc/passwd")
-    assert not env.url_allowed("file://" + env.MINIWOB_HTML_DIR + "-evil/x.html")
-    assert not env.url_allowed("http://example.com/")
-    assert not env.url_allowed("https://localhost:8080/")
+    assert browser.url_allowed(os.environ["MINIWOB_URL"] + "click-button.html")
+    assert browser.url_allowed("about:blank")
+    assert not browser.url_allowed("file:///etc/passwd")
+    assert not browser.url_allowed("file://" + browser.MINIWOB_HTML_DIR + "/../../../../etc/passwd")
+    assert not browser.url_allowed("file://" + browser.MINIWOB_HTML_DIR + "-evil/x.html")
+    assert not browser.url_allowed("http://example.com/")
+    assert not browser.url_allowed("https://localhost:8080/")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,11 +62,11 @@ def envs():
         e.close()
 
 
-def _bid(obs, role, name):
-    for line in obs.axtree.splitlines():
-        line = line.strip()
-        if line.startswith("[") and f"] {role} {name!r}" in line:
-            return line[1:line.index("]")]
+def _bid(obs, role, name=None):
+    """The bid of the first node with this role (and name, when given)."""
+    for n in read_tree(obs.axtree):
+        if n.bid is not None and n.role == role and name in (None, n.name):
+            return n.bid
     raise AssertionError(f"no {role} {name!r} in\n{obs.axtree}")
 
 
@@ -146,11 +87,10 @@ def test_wrong_answer_is_not_success(envs):
     for seed in env.eval_seeds(20):  # a page with a button other than the one asked for
         obs = e.reset(seed)
         label = obs.goal.split('"')[1]
-        wrong = [l.strip() for l in obs.axtree.splitlines() if "] button '" in l and f"'{label}'" not in l]
+        wrong = [n.bid for n in read_tree(obs.axtree) if n.bid and n.role == "button" and n.name != label]
         if wrong:
             break
-    wrong = wrong[0]
-    obs, reward, done, info = e.step(f"click('{wrong[1:wrong.index(']')]}')")
+    obs, reward, done, info = e.step(f"click('{wrong[0]}')")
     assert done and reward == 0.0 and not info["success"] and info["raw_reward"] < 1
 
 
@@ -166,8 +106,7 @@ def test_fill_then_submit_and_parse_error_continues(envs):
     e = envs("enter-text")
     obs = e.reset(env.eval_seeds(1)[0])
     text = obs.goal.split('"')[1]
-    box = [l.strip() for l in obs.axtree.splitlines() if "] textbox" in l][0]
-    box = box[1:box.index("]")]
+    box = _bid(obs, "textbox")
     obs, reward, done, info = e.step("I should type the name")  # no action: a step, nothing runs
     assert not done and reward == 0.0 and info["action"] is None and obs.step == 1
     assert "no action found" in obs.error and "Last action error: ActionParseError" in obs.text
@@ -211,13 +150,12 @@ def test_browser_crash_is_env_error_and_recovers(envs):
     import signal
     e = envs("focus-text")
     obs = e.reset(env.eval_seeds(1)[0])
-    for pid in env.chromium_pids(e.marker)[:1]:  # the browser process itself
+    for pid in watchdog.chromium_pids(e.marker)[:1]:  # the browser process itself
         os.kill(pid, signal.SIGKILL)
     obs, reward, done, info = e.step("click('12')")
     assert done and info["env_error"] and reward == 0.0 and not info["success"]
     obs = e.reset(env.eval_seeds(1)[0])  # relaunches Chromium
-    box = [l.strip() for l in obs.axtree.splitlines() if "] textbox" in l][0]
-    obs, reward, done, info = e.step(f"focus('{box[1:box.index(']')]}')")
+    obs, reward, done, info = e.step(f"focus('{_bid(obs, 'textbox')}')")
     assert info["success"] and not info["env_error"]
 
 

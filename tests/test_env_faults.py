@@ -11,7 +11,11 @@ import time
 
 import pytest
 
+import actions
+import browser
 import env
+import watchdog
+from axtree import read_tree
 
 SEED = env.eval_seeds(1)[0]
 STEP_TIMEOUT = 4.0  # small bounds keep the tests short; the mechanism is the one the defaults use
@@ -28,7 +32,7 @@ def e():
 
 
 def _bids(obs, role):
-    return [(m.group(1), m.group(2)) for m in re.finditer(rf"^\s*\[(\w+)\] {role} '([^']*)'", obs.axtree, re.M)]
+    return [(n.bid, n.name) for n in read_tree(obs.axtree) if n.bid is not None and n.role == role]
 
 
 def _target(obs):
@@ -39,7 +43,7 @@ def _target(obs):
 
 def _browser_pid(e):
     """The env's Chromium browser process (not its renderers, nor a reaped renderer's zombie)."""
-    return [p for p, cmd in env._env_processes(e.marker).items()
+    return [p for p, cmd in watchdog.env_processes(e.marker).items()
             if f"--webdream-env={e.marker}" in cmd and "--type=" not in cmd]
 
 
@@ -115,8 +119,8 @@ def test_stale_bid_is_an_agent_error(e):
 def test_check_and_uncheck_run():
     # the grammar allows check()/uncheck(); BrowserGym 0.14.3 leaves them out of its action subsets,
     # which made every use a KeyError and an env_error
-    missing = [a for a in env.ACTIONS if a != "noop"
-               if not callable(env._PersistentBrowserEnv(env.TASKS["click-button"], True, 5000, 0.0, "x").ns.get(a))]
+    missing = [a for a in actions.ACTIONS if a != "noop"
+               if not callable(browser.PersistentBrowserEnv(env.TASKS["click-button"], True, 5000, 0.0, "x").ns.get(a))]
     assert missing == []
     e = env.make_env("click-checkboxes", max_steps=12)
     try:
@@ -216,7 +220,7 @@ def test_renderer_death_mid_step_is_env_error(e):
 
     def oom_kill():  # what the kernel's OOM killer does to a renderer that ate the memory
         time.sleep(0.5)
-        for pid in env.renderer_pids(e.marker):
+        for pid in watchdog.renderer_pids(e.marker):
             os.kill(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=oom_kill)
@@ -244,13 +248,21 @@ def test_reset_is_bounded_when_the_page_hangs_on_unload(e):
 def test_watchdog_escalates_and_stops():
     # a guarded call that ignores the renderer kill gets its browser killed `grace` later; no
     # process matches this marker, so nothing is killed
-    with env._WATCHDOG.guard("no-such-env", 0.1, grace=0.1) as g:
+    with watchdog.guard("no-such-env", 0.1, grace=0.1) as g:
         time.sleep(0.5)
     assert g.fired == 2
-    with env._WATCHDOG.guard("no-such-env", 5.0) as g:
+    with watchdog.guard("no-such-env", 5.0) as g:
         pass
     time.sleep(0.1)
     assert g.fired == 0
+
+
+def test_a_marker_finds_only_its_own_browser():
+    # env "<pid>-1" must not take env "<pid>-12"'s browser for its own (a substring test did)
+    chrome = ["/usr/lib/chromium/chromium", "--headless", "--webdream-env=77-12"]
+    assert watchdog._is_env_browser(chrome, "77-12")
+    assert not watchdog._is_env_browser(chrome, "77-1")
+    assert not watchdog._is_env_browser(chrome + ["--type=renderer"], "77-12")  # a child, not the browser
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import pytest
 
 import env
 import experts
+from actions import parse_action
 
 
 @pytest.mark.parametrize("task", ["click-checkboxes", "login-user", "click-tab-2"])
@@ -15,7 +16,7 @@ def test_expert_solves_eval_seeds(task):
             rec = experts.run_expert_episode(e, seed)
             assert rec["success"] and rec["reward"] == 1.0, rec
             for turn in rec["turns"]:
-                assert env.parse_action(turn["action"]) == turn["action"]
+                assert parse_action(turn["action"]) == turn["action"]
                 assert turn["observation"].startswith("Goal: ")
     finally:
         e.close()
@@ -23,14 +24,6 @@ def test_expert_solves_eval_seeds(task):
 
 def test_every_suite_task_has_an_expert():
     assert set(env.SUITE) <= set(experts.EXPERTS)
-
-
-def test_read_tree_roundtrip():
-    tree = "[12] button 'OK'\n [13] textbox value=\"it's\", focused\nStaticText 'hi'"
-    nodes = experts.read_tree(tree)
-    assert [(n.bid, n.role, n.name, n.value) for n in nodes] == [
-        ("12", "button", "OK", None), ("13", "textbox", "", "it's"), (None, "StaticText", "hi", None)]
-    assert nodes[1].flags == {"focused"} and nodes[1].depth == 1
 
 
 def test_collect_demos_writes_records(tmp_path):
@@ -54,6 +47,6 @@ def test_thought_names_the_element_before_its_bid():
     assert experts.thought(obs, "click('99')") == "Click the element [99]."
     # the thought never parses as an action, so the reply's action is the one after </think>
     reply = f"<think>{experts.thought(obs, 'click(' + repr('13') + ')')}</think>click('13')"
-    assert env.parse_action(reply) == "click('13')"
+    assert parse_action(reply) == "click('13')"
     with pytest.raises(experts.ExpertError):
         experts.thought(obs, "not an action")

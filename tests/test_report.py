@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+import browser
 import env as webenv
 import experts
 import policy
@@ -92,10 +93,10 @@ def test_report_from_synthetic_records(tmp_path):
 def _open_in_chromium(html_path, png_path):
     """Load the report in headless Chromium: (episode sections, [(complete, naturalWidth)] of every img,
     console errors); saves a screenshot of the page to png_path."""
-    browser = webenv._playwright().chromium.launch(executable_path=webenv.chromium_path(),
-                                                   args=webenv.CHROMIUM_ARGS)
+    chromium = browser.thread_playwright().chromium.launch(executable_path=browser.chromium_path(),
+                                                           args=browser.CHROMIUM_ARGS)
     try:
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page = chromium.new_page(viewport={"width": 1200, "height": 900})
         errors = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -106,7 +107,7 @@ def _open_in_chromium(html_path, png_path):
         page.screenshot(path=png_path)
         return n, imgs, errors
     finally:
-        browser.close()
+        chromium.close()
 
 
 def test_report_of_real_episodes_renders(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 import env as webenv
 import policy
 import generators
-from rollout import EnvProcess, EnvPool, rollout
+import watchdog
+from rollout import EnvPool, EnvProcess, rollout
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_a_hung_browser_times_out_as_env_error(agent):
     jobs = [("click-button", 10_020 + i) for i in range(4)]
 
     def freeze(w, env, caught):  # SIGSTOP its Chromium: the next step hangs until the watchdog acts
-        for pid in webenv.chromium_pids(env.marker):
+        for pid in watchdog.chromium_pids(env.marker):
             os.kill(pid, signal.SIGSTOP)
     frozen = when_mid_episode(workers, freeze)
     t0 = time.time()
@@ -181,7 +182,7 @@ def test_a_killed_env_process_ends_only_its_episode(agent):
     errors = [t for t in trajs if t["env_error"]]
     assert [t["seed"] for t in errors] == [victim["seed"]] and "died" in errors[0]["error"]
     assert all(t["steps"] == 3 for t in trajs if not t["env_error"])  # the others ran to the step limit
-    assert webenv.chromium_pids(victim["marker"]) == []  # the dead process's browser did not outlive it
+    assert watchdog.chromium_pids(victim["marker"]) == []  # the dead process's browser did not outlive it
 
 
 def test_a_hung_env_process_times_out_and_is_replaced(agent):
@@ -203,7 +204,7 @@ def test_a_hung_env_process_times_out_and_is_replaced(agent):
     assert [t["seed"] for t in hung] == [frozen["seed"]] and "timed out" in hung[0]["error"]
     assert all(t is not None for t in trajs) and stats.get("env_timeouts") == 1
     assert all(t["steps"] == 3 for t in trajs if not t["env_error"])  # the others ran to the step limit
-    assert not os.path.exists(f"/proc/{frozen['pid']}") and webenv.chromium_pids(frozen["marker"]) == []
+    assert not os.path.exists(f"/proc/{frozen['pid']}") and watchdog.chromium_pids(frozen["marker"]) == []
 
 
 class _CountedLaunch:

@@ -38,7 +38,8 @@ def test_torchrun_two_processes_real_mode(tmp_path):
     out = str(tmp_path / "real")
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
          "--mode", "real", "--tiny", "--out", out, "--tasks", "click-button,enter-text", "--iterations", "2",
-         "--groups-per-iter", "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "6", "--num-envs", "2"],
+         "--groups-per-iter", "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "6", "--num-envs", "2",
+         "--dynamic-sampling", "0"],
         timeout=600)
     ms = metrics(out)
     assert [m["step"] for m in ms] == [1, 2]

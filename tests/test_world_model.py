@@ -16,7 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compress  # noqa: E402
 import policy  # noqa: E402
 import world_model as wm  # noqa: E402
-from env import Obs, parse_action  # noqa: E402
+from actions import parse_action  # noqa: E402
+from axtree import line_bid  # noqa: E402
+from env import Obs  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "transitions.jsonl")
 
@@ -114,7 +116,7 @@ def unique_bids(lines):
     """Real trees name each bid once (one line per node): keep the first line of each bid."""
     seen, out = set(), []
     for x in lines:
-        b = wm._line_bid(x)
+        b = line_bid(x)
         if b is None or b not in seen:
             seen.add(b)
             out.append(x)
@@ -220,7 +222,7 @@ def test_huge_and_binary_text_never_raises():
 def test_any_text_applies_without_raising_and_keeps_bids_unique(lines):
     o, bad = wm.apply(st8(OLD), "\n".join(lines))
     assert bad >= 0
-    bids = [wm._line_bid(x) for x in o["axtree"].split("\n") if wm._line_bid(x)]
+    bids = [line_bid(x) for x in o["axtree"].split("\n") if line_bid(x)]
     assert len(bids) == len(set(bids))
 
 

@@ -1,5 +1,5 @@
-"""env.parse_action on the replies models actually write: every reply gives exactly one canonical
-action or an ActionParseError of a named kind, never an empty or silently different action.
+"""actions.py: parse_action on the replies models actually write: every reply gives exactly one
+canonical action or an ActionParseError of a named kind, never an empty or silently different action.
 Pure: no browser is started."""
 import pickle
 import time
@@ -9,8 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import env
-from env import ActionParseError, parse_action
+from actions import ACTIONS, MAX_REPLY_CHARS, ActionParseError, canonical, parse_action, split_action
 
 
 def kind_of(text):
@@ -22,6 +21,73 @@ def kind_of(text):
 
 
 # ---------------------------------------------------------------------------------------------
+# accepted and rejected replies
+
+
+@pytest.mark.parametrize("text, want", [
+    ("click('13')", "click('13')"),
+    ('click("13")', "click('13')"),
+    ("click(13)", "click('13')"),
+    ("click( '13' )", "click('13')"),
+    ("dblclick('a7')", "dblclick('a7')"),
+    ("fill('14', 'Myron')", "fill('14', 'Myron')"),
+    ("fill(14, \"it's\")", "fill('14', \"it's\")"),
+    ("fill('14', 42)", "fill('14', '42')"),
+    ("fill(bid='14', value='x')", "fill('14', 'x')"),
+    ("select_option('9', 'Blue')", "select_option('9', 'Blue')"),
+    ("select_option('9', ['a', 'b'])", "select_option('9', ['a', 'b'])"),
+    ("press('14', 'Enter')", "press('14', 'Enter')"),
+    ("scroll(0, -300)", "scroll(0, -300)"),
+    ("send_msg_to_user('42')", "send_msg_to_user('42')"),
+    ("noop()", "noop()"),
+    ("focus('12')", "focus('12')"),
+    ("clear('12')", "clear('12')"),
+    ("hover('12')", "hover('12')"),
+    ("check('3')", "check('3')"),
+    ("uncheck('3')", "uncheck('3')"),
+    # prose, <think> blocks and fences are ignored; the last call wins
+    ("I will click the OK button: click('15')", "click('15')"),
+    ("<think>maybe click('1')? no, the button is 15</think>\nclick('15')", "click('15')"),
+    ("```python\nclick('15')\n```", "click('15')"),
+    ("Action:\n```\nfill('3', 'a (b) c')\n```\nDone.", "fill('3', 'a (b) c')"),
+    ("click('1') then click('2')", "click('2')"),
+    ("fill('3', 'click(\"9\")')", "fill('3', 'click(\"9\")')"),
+])
+def test_parse_accepts(text, want):
+    assert parse_action(text) == want
+    assert parse_action(want) == want  # canonical strings are fixed points
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("I think the answer is the OK button.", "no action"),
+    ("<think>click('3')</think> I am not sure.", "no action"),
+    ("goto('http://example.com')", "unknown action"),
+    ("rm('x')", "unknown action"),
+    ("os.system('ls')", "plain action"),
+    ("page.click('13')", "plain action"),
+    ("__import__('os').system('ls')", "unknown action"),
+    ("click(x)", "literal"),
+    ("click('1' + '2')", "literal"),
+    ("fill('3', open('/etc/passwd').read())", "literal"),
+    ("click()", "missing"),
+    ("fill('3')", "missing"),
+    ("click('1', '2')", "argument"),
+    ("click('a b')", "bid"),
+    ("click(-1)", "bid"),
+    ("scroll('a', 'b')", "number"),
+    ("press('3', '')", "key"),
+    ("click(*['1'])", "args"),
+])
+def test_parse_rejects(text, fragment):
+    with pytest.raises(ActionParseError) as e:
+        parse_action(text)
+    assert fragment in str(e.value)
+    assert isinstance(e.value, ValueError) and len(str(e.value)) > 10
+
+
+# ---------------------------------------------------------------------------------------------
 # text arguments
 
 
@@ -30,7 +96,7 @@ def test_escaped_quotes_in_text():
     assert parse_action(r'fill("14", "say \"hi\"")') == """fill('14', 'say "hi"')"""
     both = r"""fill('14', 'it\'s "x"')"""
     assert parse_action(both) == both  # repr keeps ' quotes and escapes the inner one
-    assert env._split_action(both)[1] == ["14", """it's "x\""""]
+    assert split_action(both)[1] == ["14", """it's "x\""""]
 
 
 def test_hash_in_text_is_not_a_comment():
@@ -42,9 +108,9 @@ def test_hash_in_text_is_not_a_comment():
 def test_backslash_n_written_literally_is_a_newline():
     # Python's literal rules: \n written in quotes is a newline; \\n is a backslash and an n
     assert parse_action(r"fill('14', 'one\ntwo')") == r"fill('14', 'one\ntwo')"
-    assert env._split_action(parse_action(r"fill('14', 'one\ntwo')"))[1] == ["14", "one\ntwo"]
+    assert split_action(parse_action(r"fill('14', 'one\ntwo')"))[1] == ["14", "one\ntwo"]
     assert parse_action(r"fill('14', 'one\\ntwo')") == r"fill('14', 'one\\ntwo')"
-    assert env._split_action(parse_action(r"fill('14', 'one\\ntwo')"))[1] == ["14", "one\\ntwo"]
+    assert split_action(parse_action(r"fill('14', 'one\\ntwo')"))[1] == ["14", "one\\ntwo"]
 
 
 def test_real_newlines_in_text_are_kept():
@@ -147,7 +213,7 @@ def test_think_blocks():
 
 def test_long_reply_is_fast():
     prose = "The page shows a form; I'll look at every field (twice) before acting. " * 800
-    reply = (prose + "click('15')")[-env.MAX_REPLY_CHARS:]
+    reply = (prose + "click('15')")[-MAX_REPLY_CHARS:]
     assert len(reply) == 50_000
     t = time.perf_counter()
     assert parse_action(reply) == "click('15')"
@@ -222,11 +288,11 @@ PIXELS = st.integers(-10**9, 10**9) | st.floats(-1e9, 1e9, allow_nan=False, allo
 
 
 @st.composite
-def actions(draw):
+def any_action(draw):
     """(canonical string, name, args) for any action, built the way parse_action builds it."""
-    name = draw(st.sampled_from(sorted(env.ACTIONS)))
+    name = draw(st.sampled_from(sorted(ACTIONS)))
     args = []
-    for p in env.ACTIONS[name]:
+    for p in ACTIONS[name]:
         if p == "bid":
             args.append(draw(BID))
         elif p in ("delta_x", "delta_y"):
@@ -246,12 +312,12 @@ THOUGHT = st.text(alphabet=st.characters(blacklist_characters="()"), max_size=60
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(actions(), st.sampled_from(PROSE_BEFORE), st.sampled_from(PROSE_AFTER), THOUGHT, actions())
+@given(any_action(), st.sampled_from(PROSE_BEFORE), st.sampled_from(PROSE_AFTER), THOUGHT, any_action())
 def test_canonical_is_a_fixed_point_wherever_written(action, before, after, thought, other):
     canon, name, args = action
-    assert env._canonical(name, args) == canon
+    assert canonical(name, args) == canon
     assert parse_action(canon) == canon
-    assert env._split_action(canon) == (name, args)
+    assert split_action(canon) == (name, args)
     assert parse_action(before + canon + after) == canon
     assert parse_action(f"```python\n{canon}\n```") == canon
     assert parse_action(f"Here it is:\n```python\n# {thought.splitlines()[0] if thought.strip() else 'go'}\n"
@@ -275,4 +341,4 @@ def test_any_reply_gives_a_canonical_action_or_a_named_error(reply):
         assert e.kind != "invalid" and str(e)  # every error names its kind
         return
     assert parse_action(action) == action
-    assert env._canonical(*env._split_action(action)) == action
+    assert canonical(*split_action(action)) == action

@@ -1,0 +1,176 @@
+"""The observation's page text: an accessibility tree flattened to one node a line, and its one reader.
+
+    from axtree import flatten_axtree, read_tree, parse_line, line_bid
+    text = flatten_axtree(bg_obs["axtree_object"])   # BrowserGym's AXTree -> text (env.WebEnv does this)
+    for node in read_tree(text):                     # text -> Node(depth, bid, role, name, value, flags)
+        if node.role == "button" and "focused" in node.flags: ...
+    line_bid(" [13] button 'OK'")                    # -> "13" (fast: the Δ world model calls it per line)
+
+The line format, written by flatten_axtree and read only here (experts.py, world_model.py, tests):
+
+    [13] button 'Submit', focused
+     [14] textbox 'Name' value='Myron', required
+     StaticText 'Enter a name'
+
+one space of indent per tree level; `[bid] ` when the node has a BrowserGym id (BID); the role; the
+name and `value=` as Python reprs (so a name may hold quotes, escaped); then `, flag` or
+`, flag='x'` for a few properties. Only '\n' ends a line: reprs escape every other line break.
+Pure text and plain dicts: nothing here needs a browser.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import NamedTuple
+
+# A bid as the tree writes it and parse_action accepts it: letters then digits, "13" or "a12"
+# (BrowserGym's element ids; the letters prefix elements inside iframes).
+BID = r"[A-Za-z]*[0-9]+"
+
+# ----------------------------------------------------------------------------------------------
+# Writing: BrowserGym's AXTree -> text
+
+_DROP_ROLES = {"InlineTextBox", "LineBreak"}
+# Roles an agent acts on: shown even without a name (an empty textbox is still a target).
+_INTERACTIVE = {"button", "textbox", "searchbox", "checkbox", "radio", "combobox", "listbox", "option",
+                "link", "tab", "menuitem", "menuitemcheckbox", "menuitemradio", "switch", "slider",
+                "spinbutton", "treeitem", "gridcell", "cell", "columnheader", "rowheader", "row",
+                "dialog", "alertdialog", "tablist", "tabpanel", "menu", "menubar", "tree", "grid",
+                "table", "img", "image", "heading", "ListMarker"}
+_FLAG_PROPS = ("focused", "required", "disabled", "checked", "selected", "expanded", "pressed")
+
+
+def _name(node: dict) -> str:
+    return " ".join(str((node.get("name") or {}).get("value", "") or "").split())
+
+
+def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
+    """The accessibility tree as text, one node a line, one space of indent per level.
+
+    Kept: nodes an agent acts on (buttons, fields, options, ...) with their bid; text. A node
+    with no name whose only content is one text (click-link's <span> links, list items, labels)
+    is printed as one line with that text as its name: `[13] generic 'ornare'`. Dropped:
+    InlineTextBox and LineBreak (Chromium 156 adds InlineTextBox nodes), the document's own line,
+    unnamed containers (their children move up a level), text that repeats its parent's or a
+    sibling's name, and every property but a few flags (focused, checked, selected, ...).
+    The first `max_lines` lines are kept.
+    """
+    nodes = axtree.get("nodes", [])
+    if not nodes:
+        return ""
+    by_id = {n["nodeId"]: n for n in nodes}
+    lines: list[str] = []
+
+    def children(node: dict) -> list[dict]:
+        out = []
+        for cid in node.get("childIds", []):
+            child = by_id.get(cid)
+            if child is None or cid == node["nodeId"]:
+                continue
+            if child.get("role", {}).get("value") in _DROP_ROLES:
+                continue
+            if child.get("ignored") and child.get("role", {}).get("value") not in ("RootWebArea",):
+                out.extend(children(child))  # ignored wrappers can hold visible children
+            else:
+                out.append(child)
+        return out
+
+    def visit(node: dict, depth: int, context_names: set[str]) -> None:
+        role = node.get("role", {}).get("value", "")
+        name = _name(node)
+        bid = node.get("browsergym_id")
+        kids = children(node)
+        # fold "one node + one text": <span>ornare</span> -> [13] generic 'ornare'
+        if (role != "StaticText" and not name and len(kids) == 1
+                and kids[0].get("role", {}).get("value") == "StaticText" and _name(kids[0])):
+            name, kids = _name(kids[0]), []
+            folded = True
+        else:
+            folded = False
+        if role == "RootWebArea":
+            show = False
+        elif role == "StaticText":
+            show = bool(name) and not any(name in c for c in context_names if c)
+        elif role in _INTERACTIVE or role.lower() in _INTERACTIVE:
+            show = True
+        elif folded and name in context_names:
+            show = False  # e.g. the text inside a filled textbox repeats its value
+        else:
+            show = bool(name)  # containers: only when they carry text
+        if show:
+            s = (f"[{bid}] " if bid is not None else "") + role + (f" {name!r}" if name else "")
+            value = (node.get("value") or {}).get("value")
+            if value not in (None, "") and str(value) != name:
+                s += f" value={value!r}"
+            props = {p.get("name"): (p.get("value") or {}).get("value") for p in node.get("properties", [])}
+            attrs = [k for k in _FLAG_PROPS if props.get(k) not in (None, False, "false")]
+            attrs = [k if props[k] in (True, "true") else f"{k}={props[k]!r}" for k in attrs]
+            if attrs:
+                s += ", " + ", ".join(attrs)
+            lines.append(" " * depth + s)
+        # a child's text is redundant if the parent (shown or not) or a sibling already says it
+        sibling_names = {_name(k) for k in kids if k.get("role", {}).get("value") != "StaticText"}
+        value = (node.get("value") or {}).get("value")
+        ctx = ({name} if name else set()) | ({str(value)} if value not in (None, "") else set()) | sibling_names | (context_names if not show else set())
+        for k in kids:
+            visit(k, depth + 1 if show else depth, ctx)
+
+    visit(nodes[0], 0, set())
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading: text -> nodes
+
+_STRING = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a str's repr, escaped quotes included
+_BID_LINE = re.compile(rf" *\[({BID})\](?: |$)")
+_NODE_LINE = re.compile(rf"(?P<indent> *)(?:\[(?P<bid>{BID})\](?: |$))?(?P<role>\S*)"
+                        rf"(?: (?P<name>{_STRING}))?(?: value=(?P<value>{_STRING}))?(?P<rest>.*)")
+
+
+class Node(NamedTuple):
+    """One line of the flattened tree."""
+
+    depth: int              # leading spaces: the node's level in the tree
+    bid: str | None         # "13"; None for a line without one (text, containers)
+    role: str               # "button", "StaticText", ...
+    name: str               # the name, unquoted ("" if none)
+    value: str | None       # the `value=` text, unquoted (None if none)
+    flags: frozenset        # the flag names after the commas: {"focused", "checked"} (a flag's `='x'` is dropped)
+
+
+def line_bid(line: str) -> str | None:
+    """The bid a line starts with (after its indent): " [13] button 'OK'" -> "13", "[13]" -> "13";
+    None for a line without one ("StaticText 'x'", "[13]x", "[x] y"). Equals parse_line(line).bid."""
+    m = _BID_LINE.match(line)
+    return m.group(1) if m else None
+
+
+def _unquote(s: str | None, default):
+    try:
+        return ast.literal_eval(s) if s else default
+    except (ValueError, SyntaxError):  # not a valid repr (only text no flatten_axtree wrote): not read
+        return default
+
+
+def parse_line(line: str) -> Node | None:
+    """One line of flatten_axtree's text -> Node; None for a line without a node (empty, blank). Never raises.
+
+    Reads any text: the bid is exactly line_bid's; the role is everything up to the next space (after
+    the indent when there is no bid: "Goal: x" reads as role "Goal:"; "... (5 more lines)" as role "...").
+    So a node with flags but no name or value, "[14] textbox, focused", reads as role "textbox," (as
+    every reader of this format has so far). A name or value that is not a valid repr reads as "" / None.
+    """
+    m = _NODE_LINE.match(line)
+    if m["bid"] is None and not m["role"]:
+        return None
+    flags = frozenset(f.strip().split("=")[0] for f in m["rest"].split(",") if f.strip())
+    return Node(len(m["indent"]), m["bid"], m["role"], _unquote(m["name"], ""), _unquote(m["value"], None), flags)
+
+
+def read_tree(text: str) -> list[Node]:
+    """Every node of a flattened tree (or of a whole observation text: its Goal/URL lines read as
+    nodes without a bid), in order. Lines end at '\n' only, as in the world model's Δ format."""
+    return [n for n in map(parse_line, text.split("\n")) if n is not None]

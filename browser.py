@@ -1,0 +1,455 @@
+"""The Chromium session under each WebEnv: one headless Chromium kept across episodes, sandboxed,
+driven through BrowserGym (browsergym-core 0.14.3) and Playwright's sync API.
+
+    from browser import PersistentBrowserEnv, url_allowed, short_error
+    bg = PersistentBrowserEnv(TASKS["click-button"], headless=True, timeout_ms=5000,
+                              pre_observation_delay=0.0, marker="1234-0")
+    bg_obs, info = bg.reset(seed=0)              # launches Chromium on first use; a new page per episode
+    bg_obs, reward, terminated, truncated, info = bg.act("click('13')")   # a canonical action (actions.py)
+    bg.close()
+
+env.WebEnv is the user's interface: it bounds every call here in time (watchdog.py) and turns faults
+into env_error. What this file changes in BrowserGym:
+- one Chromium per env, launched once (our executable and flags, tagged `--webdream-env=<marker>`
+  so watchdog.py can find its processes) and kept across resets, which reuse the context and page
+  while they are healthy (BrowserGym relaunches the browser on every reset);
+- no second browser for the chat window (an in-memory stand-in), no screenshot or DOM snapshot in
+  the observation, no slow_mo and no pre-observation sleep;
+- canonical actions run through BrowserGym's own action functions (its library, exec'd once per
+  env; model text is never executed), check() and uncheck() included;
+- the network sandbox: every request is routed and only the MiniWoB html folder loads (`url_allowed`);
+  no host name resolves and WebRTC sends no UDP (CHROMIUM_ARGS, for what the router cannot see);
+  popups are closed after each action;
+- a page that navigates or reloads under the observation is observed again; a reloaded task page
+  ends the episode; a page with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge;
+- `short_error`: a Playwright error as one line an agent can read.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import threading
+import time
+import urllib.parse
+
+import playwright.sync_api
+
+import miniwob as _miniwob_pkg
+
+# BrowserGym's MiniWoB tasks read MINIWOB_URL when they are built: set it before anything else.
+MINIWOB_HTML_DIR = os.path.join(os.path.dirname(os.path.abspath(_miniwob_pkg.__file__)), "html")
+os.environ.setdefault("MINIWOB_URL", "file://" + os.path.join(MINIWOB_HTML_DIR, "miniwob") + "/")
+
+from browsergym.core.action import functions as _bg_functions  # noqa: E402
+from browsergym.core.action.highlevel import HighLevelActionSet  # noqa: E402
+from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE  # noqa: E402
+from browsergym.core.env import BrowserEnv  # noqa: E402
+from browsergym.core.observation import (  # noqa: E402
+    MarkingError,
+    _post_extract,
+    _pre_extract,
+    extract_merged_axtree,
+)
+
+from actions import ACTIONS, split_action  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------------------------
+# Chromium
+
+
+def chromium_path() -> str:
+    """The Chromium executable: $WEBDREAM_CHROMIUM, else /usr/bin/chromium."""
+    return os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")
+
+
+# Chromium flags for many small headless browsers on few cores. (BrowserGym's own
+# --disable-features=OverlayScrollbars and --hide-scrollbars changes only matter for screenshots.)
+CHROMIUM_ARGS = [
+    "--disable-gpu",
+    "--disable-crash-reporter",  # its crashpad handlers outlive the browser as zombies here
+    "--disable-dev-shm-usage",
+    "--disable-extensions",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-sync",
+    "--no-first-run",
+    "--mute-audio",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,OverlayScrollbars",
+    "--renderer-process-limit=1",
+    # The network, for what the request router (url_allowed) never sees. MiniWoB is file:// only.
+    # No host name or address resolves: WebSockets, and the preconnect of a blocked navigation,
+    # reached a local server before this flag, not with it.
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    # No WebRTC UDP (a STUN request to a literal address reached a local UDP port before this flag).
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+]
+
+MAX_PAGE_ELEMENTS = 5_000  # a page with more elements is not observed (env_error); the largest MiniWoB page has 137
+
+_TLS = threading.local()  # one Playwright per thread (the sync API is bound to its thread)
+
+
+def thread_playwright() -> playwright.sync_api.Playwright:
+    """This thread's Playwright, started on first use (its sync API serves only the thread that started it)."""
+    pw = getattr(_TLS, "pw", None)
+    if pw is None:
+        pw = playwright.sync_api.sync_playwright().start()
+        pw.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)  # get_by_test_id() finds bids
+        _TLS.pw = pw
+    return pw
+
+
+# ----------------------------------------------------------------------------------------------
+# BrowserGym with one Chromium kept across episodes
+
+
+class _MemoryChat:
+    """Stand-in for BrowserGym's Chat, which launches a second browser to draw a chat window."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+
+    def add_message(self, role: str, msg: str) -> None:
+        if role != "info":
+            self.messages.append({"role": role, "timestamp": time.time(), "message": msg})
+
+    def wait_for_user_message(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# BrowserGym's action functions (click, fill, ...) compiled once; each env execs them into its own
+# namespace, whose `page` is rebound before every action (no exec of model text, ever).
+_ACTION_SET = HighLevelActionSet(subsets=["chat", "bid", "nav"], demo_mode="off", strict=True,
+                                 multiaction=False, retry_with_force=False)
+_ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
+# check() and uncheck() are in BrowserGym's function library but in none of its action subsets
+# (browsergym-core 0.14.3 comments them out); the grammar allows them, so they join the namespace.
+_EXTRA_ACTION_CODE = compile("\n\n".join(inspect.getsource(f) for f in (_bg_functions.check, _bg_functions.uncheck)),
+                             "<browsergym actions: check, uncheck>", "exec")
+
+_ACTIVATE_PAGE_JS = r"""
+window.browsergym_page_activated();
+window.addEventListener("focus", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("focusin", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("load", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("pageshow", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("mousemove", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("mouseup", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("mousedown", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("wheel", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("keyup", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("keydown", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("input", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("touchstart", () => {window.browsergym_page_activated();}, {capture: true});
+window.addEventListener("touchend", () => {window.browsergym_page_activated();}, {capture: true});
+document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible") {
+        window.browsergym_page_activated();
+    }
+}, {capture: true});
+"""
+
+
+def url_allowed(url: str) -> bool:
+    """Only MiniWoB's own files (and blank/data pages) may load."""
+    if url.startswith(("about:blank", "data:")):
+        return True
+    if not url.startswith("file://"):
+        return False
+    path = os.path.normpath(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    return path == MINIWOB_HTML_DIR or path.startswith(MINIWOB_HTML_DIR + os.sep)
+
+
+class PageTooLarge(RuntimeError):
+    """The page holds more than MAX_PAGE_ELEMENTS elements: it is not observed (its accessibility tree
+    would cost the renderer and Python seconds and hundreds of MB). WebEnv turns it into env_error."""
+
+
+# Errors from validating/observing a page whose document was replaced under the call (a navigation or
+# reload that the action started): the call is redone on the new document.
+_NAVIGATION_RACE = ("Execution context was destroyed", "Cannot find context with specified id",
+                    "is not defined", "detached", "not found", "without a bid", "Cannot read properties of",
+                    "navigat")
+
+
+def _is_navigation_race(e: Exception) -> bool:
+    if isinstance(e, MarkingError):
+        return True
+    return (isinstance(e, playwright.sync_api.Error) and not _is_fatal(e)
+            and any(s in str(e) for s in _NAVIGATION_RACE))
+
+
+class PersistentBrowserEnv(BrowserEnv):
+    """BrowserGym's BrowserEnv with one Chromium kept across resets.
+
+    reset() mirrors BrowserEnv.reset (browsergym-core 0.14.3) except: the browser is launched
+    once (slow_mo 0, our flags, our executable), the chat is in memory, every request is routed
+    through `url_allowed`, and the observation skips the screenshot and the DOM snapshot.
+    After an action: popups are closed, validation and observation are redone if the page navigated
+    under them, a task page that was reloaded ends the episode, a crashed renderer raises, and a page
+    with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge instead of being observed.
+    """
+
+    def __init__(self, task_entrypoint, headless: bool, timeout_ms: int, pre_observation_delay: float,
+                 marker: str, context_episodes: int = 100):
+        super().__init__(task_entrypoint=task_entrypoint, headless=headless, slow_mo=0,
+                         pre_observation_delay=pre_observation_delay, action_mapping=None)
+        self.timeout_ms = timeout_ms
+        self.marker = marker  # an inert flag that tags this env's Chromium in `ps`
+        self.blocked: list[str] = []  # URLs aborted by the router in this episode
+        self.popups_closed: list[str] = []  # URLs of the popups closed in this episode
+        self.ns: dict = {"page": None, "DEMO_MODE": False,
+                         "send_message_to_user": lambda text: self.chat.add_message("assistant", str(text)),
+                         "report_infeasible_instructions": lambda reason: None}
+        exec(_ACTION_CODE, self.ns)  # safe: BrowserGym's own action library, compiled at import; model text is never executed
+        exec(_EXTRA_ACTION_CODE, self.ns)  # safe: check/uncheck from the same library
+        missing = [a for a in ACTIONS if a != "noop" and not callable(self.ns.get(a))]
+        if missing:  # a grammar action with no implementation would end every episode that uses it
+            raise RuntimeError(f"BrowserGym provides no function for actions {missing}")
+        self.context_episodes = context_episodes
+        self.episodes_in_context = 0
+        self.crashed = False  # the page's renderer died (Playwright's "crash" event)
+        self.doc_token = ""  # set in the task's document at reset: gone means the page was reloaded
+        self._episodes = 0
+
+    # -- browser lifetime
+    def launch(self) -> None:
+        self.browser = thread_playwright().chromium.launch(
+            headless=self.headless, slow_mo=0, executable_path=chromium_path(),
+            args=CHROMIUM_ARGS + [f"--webdream-env={self.marker}"])
+
+    def browser_alive(self) -> bool:
+        return self.browser is not None and self.browser.is_connected()
+
+    def _route(self, route: playwright.sync_api.Route) -> None:
+        url = route.request.url
+        if url_allowed(url):
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort("blockedbyclient")
+
+    def _drain(self, ctx) -> None:
+        """Let Playwright run the route and binding callbacks queued for `ctx`. Closing a context or page
+        while a navigation's requests wait on them hung forever (7 of 30 tries, Playwright 1.44); two
+        round trips 50 ms apart first: 0 of 30."""
+        try:
+            ctx.cookies()
+            time.sleep(0.05)
+            ctx.cookies()
+        except Exception:
+            pass
+
+    def drop_context(self) -> None:
+        """Close the context and its pages (a runaway page stops here); the next reset opens a new one.
+        Never raises."""
+        ctx, self.context, self.page = self.context, None, None
+        self.page_history = {}
+        if ctx is None:
+            return
+        self._drain(ctx)
+        try:
+            ctx.close()
+        except Exception:
+            pass
+
+    def _on_crash(self, page) -> None:
+        """The renderer died. Playwright 1.44 then leaves every pending and later evaluate() on the page
+        waiting forever (measured); closing the page makes them fail at once ("Target page ... closed").
+        Event handlers run beside the blocked call, so this also unblocks a step in progress."""
+        self.crashed = True
+        try:
+            page.close(run_before_unload=False)
+        except Exception:
+            pass
+
+    def _new_context(self) -> None:
+        self.drop_context()
+        if not self.browser_alive():
+            self.launch()
+        self.context = self.browser.new_context(
+            viewport=self.task.viewport, locale=self.task.locale, timezone_id=self.task.timezone_id)
+        # Playwright's own waits: BrowserGym's actions pass 500 ms; everything else without a timeout
+        # argument waits at most timeout_ms; navigations max(timeout_ms, 10 s). evaluate() and DevTools
+        # calls have no timeout: WebEnv's watchdog bounds them.
+        self.context.set_default_timeout(self.timeout_ms)
+        self.context.set_default_navigation_timeout(max(self.timeout_ms, 10_000))  # slow under load
+        self.context.route("**/*", self._route)
+        self.context.expose_binding(
+            "browsergym_page_activated", lambda source: self._activate_page_from_js(source["page"]))
+        self.context.add_init_script(_ACTIVATE_PAGE_JS)
+        self.page_history = {}
+        self.page = self.context.new_page()
+        self.crashed = False
+        self.page.on("crash", self._on_crash)  # one renderer serves every page (--renderer-process-limit=1)
+        self.episodes_in_context = 0
+
+    def reset(self, seed: int):
+        if self.task:
+            self.task.teardown()
+            self.task = None
+        self.task = self.task_entrypoint(seed=seed)
+        self.blocked = []
+        self.popups_closed = []
+        # Reuse the context and page while it is healthy: the task's setup() navigates to its page
+        # afresh (a new document, new JS state), which is ~0.15 s cheaper than a new context.
+        # A new context every `context_episodes` episodes bounds whatever a page might leave behind.
+        reuse = (self.context is not None and self.page is not None and not self.page.is_closed()
+                 and not self.crashed and len(self.context.pages) == 1
+                 and self.episodes_in_context < self.context_episodes)
+        if not reuse:
+            self._new_context()
+        self.episodes_in_context += 1
+        self.chat = _MemoryChat()
+        self.chat.add_message("assistant", "Hi! I am your UI assistant.")
+        goal, task_info = self.task.setup(page=self.page)
+        self.goal_object = [{"type": "text", "text": goal}] if isinstance(goal, str) else list(goal or [])
+        for m in self.goal_object:
+            if m.get("type") == "text":
+                self.chat.add_message("user", m["text"])
+        self._wait_dom_loaded()
+        self._active_page_check()
+        self._check_alive()
+        self._episodes += 1
+        self.doc_token = f"{self.marker}:{self._episodes}"
+        self.task.page.evaluate("t => { window.__webdream_doc = t; }", self.doc_token)
+        self.start_time = time.time()
+        self.last_action = ""
+        self.last_action_error = ""
+        self.infeasible_message_received = False
+        return self._get_obs(), {"task_info": task_info}
+
+    def act(self, action: str | None, error: str = ""):
+        """Run one canonical action (or none, with a parse error to show), then validate and observe."""
+        self._check_alive()
+        self.last_action = action or ""
+        info = {"action_exec_start": time.time(), "action_exec_timeout": 0}
+        self.last_action_error = error
+        if action is not None:
+            name, args = split_action(action)
+            if name == "noop":
+                pass  # BrowserGym's noop sleeps 1 s; MiniWoB pages have nothing to wait for
+            else:
+                self.ns["page"] = self.page
+                try:
+                    self.ns[name](*args)
+                except playwright.sync_api.Error as e:
+                    if _is_fatal(e):
+                        raise
+                    self.last_action_error = short_error(e)
+                except (ValueError, TypeError) as e:  # e.g. "Could not find element with bid"
+                    self.last_action_error = short_error(e)
+        # BrowserGym's post_step (wait for load, validate, observe) sees the page at some instant; an
+        # action can start a navigation or reload that replaces the document in the middle of it. Then
+        # the whole post-step is redone on the new document (a few times, backing off).
+        for attempt in range(4):
+            self._check_alive()
+            self._close_popups()
+            try:
+                obs, reward, terminated, truncated, info = self.post_step(info)
+                self._check_alive()  # (a crash closes the page, and BrowserGym would observe a blank new one)
+                if (not terminated and attempt < 3 and self.page == self.task.page
+                        and obs["url"] != self.task.url):  # validated the old document, observed a new one
+                    continue
+                return obs, reward, terminated, truncated, info
+            except Exception as e:
+                if attempt == 3 or self.crashed or not _is_navigation_race(e):
+                    raise
+                logger.info("the page changed while it was observed (%s); observing again", short_error(e, 80))
+                time.sleep(0.05 * 2 ** attempt)
+
+    def _check_alive(self) -> None:
+        if self.crashed:
+            raise RuntimeError("the page's renderer crashed")
+
+    def _close_popups(self) -> None:
+        """Close every page but the task's: a popup (window.open, target=_blank) whose load was blocked,
+        a blank one, or one on a MiniWoB page. A MiniWoB task lives in one page; closing popups right
+        after the action keeps the episode there whatever the popup's load timing (its URL goes to
+        `popups_closed`, and to `blocked` if the router refused it)."""
+        task_page = self.task.page if self.task else None
+        stray = [p for p in self.context.pages if p != task_page]
+        if not stray:
+            return
+        self._drain(self.context)
+        for p in stray:
+            self.popups_closed.append(p.url)
+            try:
+                p.close(run_before_unload=False)
+            except playwright.sync_api.Error:
+                pass
+            self.page_history.pop(p, None)
+        if self.page in stray or self.page is None or self.page.is_closed():
+            self.page = task_page
+
+    def _task_validate(self):
+        page, task = self.page, self.task
+        if page == task.page and page.url == task.url:
+            # same URL, but is it still the document the task set up? (a reload starts MiniWoB afresh,
+            # with no episode running: the task could never be completed)
+            if page.evaluate("() => window.__webdream_doc || ''") != self.doc_token:
+                return 0.0, True, "", {"error": "the task page was reloaded or left, terminating task"}
+        return super()._task_validate()
+
+    def _get_obs(self):
+        """Only what the text agent needs: goal, URL, AXTree (with bids), focused bid."""
+        n = self.page.evaluate("() => document.getElementsByTagName('*').length")
+        if n > MAX_PAGE_ELEMENTS:
+            raise PageTooLarge(f"the page has {n} elements, more than {MAX_PAGE_ELEMENTS}: not observed")
+        for retries_left in reversed(range(3)):
+            try:
+                _pre_extract(self.page, tags_to_mark=self.tags_to_mark, lenient=(retries_left == 0))
+                axtree = extract_merged_axtree(self.page)
+            except (playwright.sync_api.Error, MarkingError) as e:
+                if retries_left > 0 and any(s in str(e) for s in (
+                        "detached", "not found", "context was destroyed", "without a bid",
+                        "Cannot read properties of undefined")):
+                    _post_extract(self.page)
+                    time.sleep(0.05)
+                    continue
+                raise
+            break
+        _post_extract(self.page)
+        goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
+        return {"goal": goal, "url": self.page.url, "axtree_object": axtree,
+                "last_action": self.last_action,
+                "last_action_error": self.last_action_error}
+
+    def close(self):
+        """Close the context and the browser. Never raises."""
+        self.drop_context()
+        try:
+            if self.browser is not None:
+                self.browser.close()
+        except Exception:
+            pass
+        self.task = self.context = self.browser = self.chat = self.page = None
+
+
+def _is_fatal(e: Exception) -> bool:
+    """Playwright errors that mean the browser, context or page is gone (vs. a bad action)."""
+    s = str(e)
+    return any(k in s for k in ("Target page, context or browser has been closed", "Browser has been closed",
+                                "Connection closed", "Target closed", "crashed"))
+
+
+def short_error(e: Exception, limit: int = 200) -> str:
+    """An error as the agent sees it: "Type: message", its first line only (at most `limit` characters),
+    without Playwright's call log (it costs tokens and helps nobody) except the one fact an agent can
+    use: which element covers the target, appended as " (element [12] 'OK' is on top of it)"."""
+    full = f"{type(e).__name__}: {e}"
+    s = full.split("\nCall log:")[0].strip()
+    s = s.splitlines()[0] if s else s
+    s = s if len(s) <= limit else s[: limit - 3] + "..."
+    m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
+    if m:
+        s += f" (element [{m.group(1)}] {m.group(2).strip()!r} is on top of it)"
+    return s
