@@ -28,19 +28,20 @@ import env as webenv
 class Curriculum:
     """Running per-task success counts and the task weights they give (module docstring).
 
-    decay: each update multiplies the old counts by it first (0.5: a half-life of one iteration's
-    worth of data). uniform=True: every task the same weight, in a fixed cycle (the plain schedule).
+    decay: each merge multiplies the old counts by it first. uniform=True: no weights, the tasks in a
+    fixed cycle (the plain schedule): group k of a draw on rank r is the cycle's position
+    (groups drawn before) * world + r + k * world, so the ranks share one cycle without collectives.
     """
 
     def __init__(self, tasks: list[str], group_size: int, *, decay: float = 0.7, min_weight: float = 0.05,
-                 uniform: bool = False):
+                 uniform: bool = False, rank: int = 0, world: int = 1):
         if not tasks:
             raise ValueError("a curriculum needs at least one task")
         self.tasks, self.group_size, self.decay, self.min_weight, self.uniform = list(tasks), group_size, decay, min_weight, uniform
         self.successes = {t: 0.0 for t in self.tasks}
         self.episodes = {t: 0.0 for t in self.tasks}
         self._pending = {t: [0.0, 0.0] for t in self.tasks}  # this rank's counts since the last merge
-        self._cycle = 0
+        self._cycle, self.rank, self.world = 0, rank, world
 
     def rate(self, task: str) -> float:
         """The task's running success rate: the mean of a Beta(1 + s, 1 + n - s) posterior."""
@@ -55,7 +56,8 @@ class Curriculum:
         """n (task, train seed) groups: tasks drawn with probability proportional to their weight
         (or cycling through the tasks when uniform), seeds uniformly from env.TRAIN_SEEDS."""
         if self.uniform:
-            tasks = [self.tasks[(self._cycle + k) % len(self.tasks)] for k in range(n)]
+            tasks = [self.tasks[(self._cycle * self.world + self.rank + k * self.world) % len(self.tasks)]
+                     for k in range(n)]
             self._cycle += n
         else:
             tasks = rng.choices(self.tasks, weights=[self.weight(t) for t in self.tasks], k=n)

@@ -298,7 +298,7 @@ def train_real(args, model, tok, opt, gen, logger, it: int, extra: dict, rank: i
     greedy eval, a report and a checkpoint when due."""
     env_steps = extra.get("env_steps", 0)
     cfg = update_config(args)
-    cur = curriculum.Curriculum(args.tasks, args.group_size, uniform=args.curriculum == "uniform")
+    cur = curriculum.Curriculum(args.tasks, args.group_size, uniform=args.curriculum == "uniform", rank=rank, world=world)
     cur.load(extra.get("curriculum", {}))
     # one long-lived browser per worker thread (or its child process), any task on each (rollout.py)
     pool = rollouts.EnvPool(functools.partial(webenv.WebEnv, max_steps=args.max_steps), tok, num_envs=args.num_envs,

@@ -82,11 +82,14 @@ def test_rl_raises_the_rewarded_action(tok, loss, epochs, minibatches):
                               minibatches=minibatches, micro_batch=8)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3 if loss == "mgrpo" else 1e-3)
     gen = generators.HFGenerator(model, tok)
-    pool = EnvPool(OneStepPage, tok, num_envs=4)
+    pool = EnvPool(OneStepPage, tok, num_envs=16)
     clip_seen = 0.0
     try:
         for it in range(6):
-            trajs, _ = rollout(gen, tok, pool, [("fake", k // 8) for k in range(16)], temperature=1.0, max_new_tokens=8)
+            # all 16 agents in one generate call (a long linger): the same samples whatever the thread timing
+            trajs, st = rollout(gen, tok, pool, [("fake", k // 8) for k in range(16)], temperature=1.0,
+                                max_new_tokens=8, linger=1.0)
+            assert st["generate_calls"] == 1
             stats = update.policy_update(model, opt, tok, trajs, cfg, "cpu", 1, seed=it)
             clip_seen = max(clip_seen, stats["loss/clip_frac"])
     finally:

@@ -1,17 +1,20 @@
 """The asynchronous rollout on real Chromium with a tiny model: faults end one episode, lose none."""
 import functools
 import os
+import re
 import signal
 import threading
 import time
+import types
 
 import pytest
 
 import env as webenv
-import policy
 import generators
+import policy
 import watchdog
 from rollout import EnvPool, EnvProcess, rollout
+from scripted_train import ScriptedReplies
 
 
 @pytest.fixture(scope="module")
@@ -94,21 +97,26 @@ def test_a_hung_browser_times_out_as_env_error(agent):
     assert all(t is not None for t in trajs) and stats.get("env_timeouts") == 1
 
 
-class _SlowFirstStep:
-    """A browser-free environment: one-step episodes of 0.2 s; the very first step hangs 2 s."""
-    slept = False
+class _FirstStepHangs:
+    """A browser-free environment with one-step episodes. The very first step of all hangs until the
+    pool's watchdog has abandoned its worker; every other step waits for `state.go` (an Event), so that
+    jobs are still queued when the abandoned thread wakes up."""
 
-    def __init__(self, task):
-        self.task = task
+    def __init__(self, state):
+        self.state = state
 
     def reset(self, seed, task=None):
         return webenv.Obs(goal="Click OK.", url="x.html", axtree="[1] button 'OK'")
 
     def step(self, text):
-        if not _SlowFirstStep.slept:
-            _SlowFirstStep.slept = True
-            time.sleep(2.0)
-        time.sleep(0.2)
+        if not self.state.hung:
+            self.state.hung = True
+            me = threading.current_thread()  # the worker (rollout._Worker) that runs this step
+            deadline = time.monotonic() + 60
+            while not me.abandoned and time.monotonic() < deadline:  # polls a flag: rollout has no event for it
+                time.sleep(0.01)
+        else:
+            self.state.go.wait(timeout=60)
         return webenv.Obs(goal="Click OK.", url="x.html", axtree=""), 1.0, True, {"success": True, "env_error": False}
 
     def close(self):
@@ -116,18 +124,26 @@ class _SlowFirstStep:
 
 
 def test_a_timed_out_worker_takes_no_job_on_its_way_out(agent):
-    # The watchdog abandons the slow worker and starts a fresh one. When the abandoned thread wakes
+    # The watchdog abandons the hung worker and starts a fresh one. When the abandoned thread wakes
     # up it must not take a queued job: that job would be lost and the rollout would wait forever
     # (seen in dream mode, where steps wait on the world model's lock).
     model, tok = agent
-    workers = EnvPool(_SlowFirstStep, tok, num_envs=1, step_timeout=0.5)
+    state = types.SimpleNamespace(hung=False, go=threading.Event())
+    # 5 s: the other steps wait only until the abandoned thread has ended, a few ms
+    workers = EnvPool(lambda task: _FirstStepHangs(state), tok, num_envs=1, step_timeout=5.0)
+    first = workers.workers[0]
     out = {}
-    jobs = [("click-button", i) for i in range(12)]  # still queued when the slow step ends
+    jobs = [("click-button", i) for i in range(12)]  # all but two still queued when the hung step ends
     runner = threading.Thread(target=lambda: out.update(r=rollout(generators.HFGenerator(model, tok), tok, workers, jobs, max_new_tokens=4)),
                               daemon=True)
     runner.start()
-    runner.join(timeout=60)
-    workers.close()
+    try:
+        first.join(timeout=30)  # abandoned, it wakes up and ends, with jobs in the queue
+        assert first.abandoned and not first.is_alive(), "the abandoned worker went on (with a queued job)"
+    finally:
+        state.go.set()
+        runner.join(timeout=60)
+        workers.close()
     assert not runner.is_alive(), "the rollout never finished: a job was lost"
     trajs, stats = out["r"]
     assert [t["env_error"] for t in trajs] == [True] + [False] * 11 and stats["env_timeouts"] == 1
@@ -244,3 +260,59 @@ def test_browsers_launch_a_few_at_a_time(agent):
         workers.close()
     assert _CountedLaunch.launches == 8 and 1 < _CountedLaunch.most <= workers.launches
     assert not any(t["env_error"] for t in trajs)
+
+
+class _OwnButton:
+    """A browser-free two-step episode whose pages show a button only this episode has: bid
+    {seed}0 on the first page, {seed}1 on the second. A step succeeds when it clicks that button."""
+
+    def __init__(self, task):
+        self.seed, self.t = None, 0
+
+    def page(self):
+        return webenv.Obs(goal="Click the button.", url="x.html", axtree=f"[{self.seed}{self.t}] button 'Go'")
+
+    def reset(self, seed, task=None):
+        self.seed, self.t = seed, 0
+        return self.page()
+
+    def step(self, text):
+        hit = text == f"click('{self.seed}{self.t}')"
+        self.t += 1
+        return self.page(), float(hit), self.t == 2, {"success": hit, "env_error": False, "action": text}
+
+    def close(self):
+        pass
+
+
+class _ClickTheButtonInMyPrompt(ScriptedReplies):
+    """A generator that answers each prompt with a click on the last button its own prompt shows,
+    and records the size of every batch it is given."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.batches = []
+
+    def generate(self, prompts, **kw):
+        self.batches.append(len(prompts))
+        return super().generate(prompts, **kw)
+
+    def reply(self, prompt):
+        return "click('%s')" % re.findall(r"\[(\d+)\] button", self.tok.decode(prompt))[-1]
+
+
+def test_each_reply_goes_to_the_agent_that_asked(tok):
+    # Four agents ask at once; each reply names a button of its own prompt. A reply handed to another
+    # agent clicks a button that page does not have.
+    gen = _ClickTheButtonInMyPrompt(tok)
+    workers = EnvPool(_OwnButton, tok, num_envs=4)
+    jobs = [("click-button", seed) for seed in (11, 22, 33, 44, 55, 66, 77, 88)]
+    try:
+        # a batch waits (up to 1 s) until all four agents have asked, so batches hold several prompts
+        trajs, stats = rollout(gen, tok, workers, jobs, gen_batch=4, linger=1.0)
+    finally:
+        workers.close()
+    assert max(gen.batches) > 1 and stats["env_steps"] == 16
+    for (_, seed), t in zip(jobs, trajs):
+        assert [u["response"] for u in t["turns"]] == [f"click('{seed}0')", f"click('{seed}1')"]
+        assert t["seed"] == seed and t["reward"] == 1.0 and not t["env_error"]

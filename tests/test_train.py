@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
@@ -34,32 +35,55 @@ def test_bc_runs_and_resumes(tmp_path, demos):
     assert metrics(out)[-1]["loss/bc"] < metrics(out)[0]["loss/bc"]
 
 
-def test_torchrun_two_processes_real_mode(tmp_path):
+def test_torchrun_two_processes_real_mode(tmp_path, tok):
+    # tests/scripted_train.py: the expert solves the first episode of each group, the second fails
+    # (noop()), so every group has a variance and every iteration takes an optimizer step.
+    import policy
+    from safetensors.torch import load_file
+
     out = str(tmp_path / "real")
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-         "--mode", "real", "--tiny", "--out", out, "--tasks", "click-button,enter-text", "--iterations", "2",
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "tests/scripted_train.py",
+         "alternate", "--mode", "real", "--tiny", "--out", out, "--tasks", "click-button,enter-text", "--iterations", "2",
          "--groups-per-iter", "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "6", "--num-envs", "2",
-         "--dynamic-sampling", "0"],
+         "--curriculum", "uniform", "--dynamic-sampling", "0"],
         timeout=600)
     ms = metrics(out)
-    assert [m["step"] for m in ms] == [1, 2]
-    assert ms[-1]["env/real_steps"] >= 8  # 2 iterations x 2 groups x G=2 x at least one step each
+    # each iteration: rank 0 plays click-button (solved in 1 step, failed in 2), rank 1 enter-text
+    # (solved in 2: fill, submit; failed in 2): 7 real steps; each rank trains its 2 trajectories in 1 step
+    # (counts are summed over the ranks: 4 trajectories trained)
+    keys = ["step", "env/real_steps", "loss/updates", "loss/trajectories_trained", "rollout/success",
+            "rollout/zero_var_groups", "rollout/turns", "env/env_error"]
+    assert [[m[k] for k in keys] for m in ms] == [[1, 7, 1, 4, 0.5, 0, 1.75, 0], [2, 14, 1, 4, 0.5, 0, 1.75, 0]]
     assert os.path.exists(os.path.join(out, "final", "trainer_state.pt"))
+    start, final = policy.tiny_model(tok).state_dict(), load_file(os.path.join(out, "final", "model.safetensors"))
+    assert not all(torch_equal(start[k], final[k]) for k in final)  # the updates moved the weights
     html = open(os.path.join(out, "report", "report.html")).read()  # the last iteration's report, real screenshots
     assert html.count("<section class='episode") == 2 and "data:image/jpeg;base64," in html
 
 
-def synthetic_trajectories(tok):
-    """Two groups of G=2 from a fixed prompt: one group with rewards 1/0, one with 1/1."""
+def trajectory(tok, seed, reward, actions, observation, env_error=False):
+    """A trajectory record as rollout.py writes it: one turn per action, each prompt built from the
+    turns before it (compress.build_prompt), each reply the action's ids and the end-of-turn id."""
     import compress
 
-    prompt = compress.build_prompt(tok, [], "Goal: Click on the \"OK\" button.\nURL: click-button.html\n[12] button 'OK'")
-    good = tok.encode("click('12')", add_special_tokens=False) + [tok.eos_token_id]
-    bad = tok.encode("click('13')", add_special_tokens=False) + [tok.eos_token_id]
-    def traj(seed, resp, reward, turns=1):
-        return {"task": "click-button", "seed": seed, "env_error": False, "reward": reward, "success": reward == 1.0,
-                "turns": [{"prompt_ids": prompt, "response_ids": resp, "response_logprobs": [0.0] * len(resp)}] * turns}
-    return [traj(0, good, 1.0), traj(0, bad, 0.0, turns=2), traj(1, good, 1.0), traj(1, good, 1.0)]
+    history, turns = [], []
+    for a in actions:
+        reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+        turns.append({"prompt_ids": compress.build_prompt(tok, history, observation), "response_ids": reply,
+                      "response_logprobs": [0.0] * len(reply)})
+        history.append({"observation": observation, "response": a})
+    return {"task": "click-button", "seed": seed, "env_error": env_error, "reward": reward, "success": reward == 1.0,
+            "turns": turns}
+
+
+PAGE = "Goal: Click on the \"OK\" button.\nURL: miniwob/click-button.html\n[12] button 'OK'\n[13] button 'No'"
+LONG_PAGE = PAGE.replace("[13]", "[14] heading 'Pick one of the buttons below, then wait'\n[15] link 'help'\n[13]")
+
+
+def synthetic_trajectories(tok):
+    """Two groups of G=2 on one page: one group with rewards 1/0 (the 0 in two turns), one with 1/1."""
+    return [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"] * 2, PAGE),
+            trajectory(tok, 1, 1.0, ["click('12')"], PAGE), trajectory(tok, 1, 1.0, ["click('12')"], PAGE)]
 
 
 @pytest.mark.parametrize("loss,epochs,minibatches", [("mgrpo", 1, 1), ("gspo", 1, 1), ("mgrpo", 2, 2), ("gspo", 2, 1)])
@@ -178,3 +202,73 @@ def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
     direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button"])
     assert direct.max_new_tokens == 32
     assert tok.decode(supervised.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token
+
+
+@pytest.mark.parametrize("loss", ["mgrpo", "gspo"])
+def test_gradient_accumulation_micro_batches_and_minibatches(tok, loss):
+    # two groups of four on pages of different lengths (micro-batches pad), one two-turn trajectory
+    import policy
+    from grads import rel_error, scaled, summed, update_grads
+
+    trajs = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')", "noop()"], PAGE),
+             trajectory(tok, 0, 0.0, ["noop()"], PAGE), trajectory(tok, 0, 1.0, ["click( '12' )"], PAGE),
+             trajectory(tok, 1, 1.0, ["click('12')"], LONG_PAGE), trajectory(tok, 1, 0.0, ["click('15')"], LONG_PAGE),
+             trajectory(tok, 1, 0.0, ["click('14')"], LONG_PAGE), trajectory(tok, 1, 1.0, ["press('12', 'Enter')"], LONG_PAGE)]
+    model = policy.tiny_model(tok)
+    (whole,), stats = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "16")
+    assert stats["loss/trajectories_trained"] == 8
+    (one_by_one,), _ = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "1")
+    err = rel_error(one_by_one, whole)
+    assert err < 1e-5, err  # 8 micro-batches accumulated = one of 8 trajectories (float32 rounding: ~1e-6)
+    # two minibatches: two optimizer steps, each on half the trajectories at the batch's scale
+    parts, stats = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "1", "--minibatches", "2")
+    assert len(parts) == stats["loss/updates"] == 2 and all(rel_error(p, whole) > 0.01 for p in parts)
+    err = rel_error(summed(parts), scaled(whole, 2))
+    assert err < 1e-5, err
+
+
+def test_env_error_trajectories_leave_their_groups(tok):
+    # group 0: rewards 1, 0 and an env_error episode (reward 0); group 1: rewards 1, 1 and an env_error.
+    # Kept, the env_error members would shift group 0's advantages (mean 1/3, not 1/2), give group 1
+    # a variance (and an update), and train themselves. Left out, the update is the one without them.
+    import policy
+    from grads import update_grads
+
+    ok = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"], PAGE),
+          trajectory(tok, 1, 1.0, ["click('12')"], LONG_PAGE), trajectory(tok, 1, 1.0, ["click( '12' )"], LONG_PAGE)]
+    broken = [trajectory(tok, 0, 0.0, ["noop()"], PAGE, env_error=True),
+              trajectory(tok, 1, 0.0, ["click('14')"], LONG_PAGE, env_error=True)]
+    model = policy.tiny_model(tok)
+    (with_errors,), stats = update_grads(model, tok, ok[:2] + broken[:1] + ok[2:] + broken[1:])
+    (without,), _ = update_grads(model, tok, ok)
+    assert stats["loss/trajectories_trained"] == 2 and stats["rollout/zero_var_groups"] == 0.5
+    assert stats["rollout/reward"] == 0.75  # over the four episodes that ended without env_error
+    assert all(torch_equal(with_errors[k], without[k]) for k in without)
+
+
+def test_real_mode_resume_restores_the_rng(tmp_path, monkeypatch):
+    # tests/scripted_train.py random: torch's RNG picks which episodes succeed and which wrong reply
+    # the others give, so each iteration trains on what the RNG draws. A run stopped after one
+    # iteration and resumed must restore the RNG state to end with the same weights, bit for bit.
+    # (In this process: train.main seeds every RNG itself.)
+    import generators
+    import scripted_train
+    import train
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(generators, "make_generator", scripted_train.make_generator("random"))
+
+    def train_for(out, iterations, *more):
+        train.main(["--mode", "real", "--tiny", "--out", out, "--tasks", "click-button", "--iterations", str(iterations),
+                    "--groups-per-iter", "1", "--group-size", "4", "--max-steps", "1", "--num-envs", "1",
+                    "--report-every", "0", "--lr", "1e-2", *more])
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    train_for(whole, 2)
+    train_for(cut, 1)
+    train_for(cut, 2, "--resume")
+    ms = metrics(whole)
+    assert [m["loss/updates"] for m in ms] == [1, 1]  # both iterations trained (groups with a variance)
+    assert [(m["step"], m["rollout/success"]) for m in metrics(cut)] == [(m["step"], m["rollout/success"]) for m in ms]
+    a = load_file(os.path.join(whole, "final", "model.safetensors"))
+    b = load_file(os.path.join(cut, "final", "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
