@@ -65,3 +65,17 @@ def test_turn_by_turn_prompt_is_a_prefix_of_the_whole_chat(tok):
     p2 = compress.build_prompt(tok, hist, obs(2), compress=False)
     reply = tok.encode(hist[1]["response"], add_special_tokens=False) + [tok.eos_token_id]
     assert p2[:len(p1) + len(reply)] == p1 + reply
+
+
+def test_budget_drops_the_oldest_whole_turns_and_keeps_the_newest(tok):
+    # Long past replies (kept verbatim, so only dropping turns saves room), a short current
+    # observation, and a budget that holds exactly the newest three turns of eight.
+    hist = [{"observation": obs(i), "response": f"<think>{'reasoning about the page ' * 8}</think>click('{10 + i}')"}
+            for i in range(8)]
+    kept = compress.render(tok, compress.build_messages(hist[5:], obs(8)))
+    assert len(compress.render(tok, compress.build_messages(hist[4:], obs(8)))) > len(kept)  # a fourth turn does not fit
+    for c in (True, False):
+        ids = compress.build_prompt(tok, hist, obs(8), compress=c, max_tokens=len(kept))
+        text = tok.decode(ids)
+        assert [i for i in range(8) if f"click('{10 + i}')" in text] == [5, 6, 7], c
+        assert obs(8) in text and ids == kept  # the current observation whole, older pages as placeholders
