@@ -51,3 +51,20 @@ def test_on_policy_gradient_is_sequence_mean():
     loss, _ = gspo.gspo_loss(logp, logp.detach(), torch.tensor([3.0]), mask, torch.tensor([0, 0]), num_traj=2)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5], [-0.5, 0.0]]))
+
+
+def test_asymmetric_clip_bounds_by_hand():
+    # four one-token trajectories with sequence ratios 0.85, 0.95, 1.2, 1.4; clip_low 0.1, clip_high
+    # 0.3: the range is [0.9, 1.3] (swapped it would be [0.7, 1.1]); N = 4
+    ratios = torch.tensor([[0.85], [0.95], [1.2], [1.4]])
+    want = {1.0: [0.85, 0.95, 1.2, 1.3],  # A > 0: clipped only from above
+            -1.0: [-0.9, -0.95, -1.2, -1.4]}  # A < 0: clipped only from below
+    for a, surr in want.items():
+        logp = torch.log(ratios).requires_grad_()
+        loss, s = gspo.gspo_loss(logp, torch.zeros(4, 1), torch.full((4,), a),
+                                 torch.ones(4, 1), torch.arange(4), num_traj=4, clip_low=0.1, clip_high=0.3)
+        loss.backward()
+        assert abs(loss.item() + sum(surr) / 4) < 1e-6, (a, loss.item())
+        grad = [[0.0 if abs(x) in (0.9, 1.3) else -x / 4] for x in surr]  # d(-s A / N)/d log s = -s A / N unclipped
+        assert torch.allclose(logp.grad, torch.tensor(grad), atol=1e-6), (a, logp.grad)
+        assert s["clip_frac"] == 0.5

@@ -71,3 +71,23 @@ def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
     ref = torch.log(torch.tensor([[0.25]]))  # d = log(0.5): k3 = 0.5 - log 0.5 - 1 = 0.193147
     l1, s1 = mgrpo.mgrpo_loss(logp, logp, torch.tensor([0.0]), w, ref_logp=ref, kl_coef=0.1)
     assert abs(s1["kl"] - (0.5 - math.log(0.5) - 1)) < 1e-6 and abs(float(l1) - 0.1 * s1["kl"]) < 1e-6
+
+
+def test_asymmetric_clip_bounds_by_hand():
+    # clip_low 0.1, clip_high 0.3: the range is [0.9, 1.3]. Token ratios 0.85 and 1.4 fall outside it
+    # (one on each side), 0.95 and 1.2 inside; 1.2 is outside [0.7, 1.1] (the bounds swapped) and
+    # 0.85 is inside it. One sample per sign of the advantage, each token weighted 1/4.
+    ratios = torch.tensor([0.85, 0.95, 1.2, 1.4], dtype=torch.float64)
+    w = torch.full((1, 4), 0.25, dtype=torch.float64)
+    want = {1.0: [0.85, 0.95, 1.2, 1.3],  # A > 0: min(rho, clip(rho)) clips only from above
+            -1.0: [-0.9, -0.95, -1.2, -1.4]}  # A < 0: min(-rho, -clip(rho)) clips only from below
+    for a, surr in want.items():
+        logp = torch.log(ratios)[None].clone().requires_grad_()
+        loss, s = mgrpo.mgrpo_loss(logp, torch.zeros(1, 4, dtype=torch.float64), torch.tensor([a], dtype=torch.float64),
+                                   w, clip_low=0.1, clip_high=0.3)
+        loss.backward()
+        assert abs(loss.item() + sum(surr) / 4) < 1e-12, (a, loss.item())
+        # d(-rho A w)/d logp = -rho A w where the surrogate is unclipped, 0 where it is clipped
+        grad = [0.0 if abs(x) in (0.9, 1.3) else -x * 0.25 for x in surr]
+        assert torch.allclose(logp.grad[0], torch.tensor(grad, dtype=torch.float64), atol=1e-12), (a, logp.grad)
+        assert s["clip_frac"] == 0.5
