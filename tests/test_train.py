@@ -174,3 +174,45 @@ def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
     direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button"])
     assert direct.max_new_tokens == 32
     assert tok.decode(train.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token
+
+
+def trajectory(tok, seed, reward, actions, observation, env_error=False):
+    """A trajectory record as rollout.py writes it: one turn per action, each prompt built from the
+    turns before it (compress.build_prompt), each reply the action's ids and the end-of-turn id."""
+    import compress
+
+    history, turns = [], []
+    for a in actions:
+        reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+        turns.append({"prompt_ids": compress.build_prompt(tok, history, observation), "response_ids": reply,
+                      "response_logprobs": [0.0] * len(reply)})
+        history.append({"observation": observation, "response": a})
+    return {"task": "click-button", "seed": seed, "env_error": env_error, "reward": reward, "success": reward == 1.0,
+            "turns": turns}
+
+
+PAGE = "Goal: Click on the \"OK\" button.\nURL: miniwob/click-button.html\n[12] button 'OK'\n[13] button 'No'"
+LONG_PAGE = PAGE.replace("[13]", "[14] heading 'Pick one of the buttons below, then wait'\n[15] link 'help'\n[13]")
+
+
+@pytest.mark.parametrize("loss", ["mgrpo", "gspo"])
+def test_gradient_accumulation_micro_batches_and_minibatches(tok, loss):
+    # two groups of four on pages of different lengths (micro-batches pad), one two-turn trajectory
+    import policy
+    from grads import rel_error, scaled, summed, update_grads
+
+    trajs = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')", "noop()"], PAGE),
+             trajectory(tok, 0, 0.0, ["noop()"], PAGE), trajectory(tok, 0, 1.0, ["click( '12' )"], PAGE),
+             trajectory(tok, 1, 1.0, ["click('12')"], LONG_PAGE), trajectory(tok, 1, 0.0, ["click('15')"], LONG_PAGE),
+             trajectory(tok, 1, 0.0, ["click('14')"], LONG_PAGE), trajectory(tok, 1, 1.0, ["press('12', 'Enter')"], LONG_PAGE)]
+    model = policy.tiny_model(tok)
+    (whole,), stats = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "16")
+    assert stats["loss/trajectories_trained"] == 8
+    (one_by_one,), _ = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "1")
+    err = rel_error(one_by_one, whole)
+    assert err < 1e-5, err  # 8 micro-batches accumulated = one of 8 trajectories (float32 rounding: ~1e-6)
+    # two minibatches: two optimizer steps, each on half the trajectories at the batch's scale
+    parts, stats = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "1", "--minibatches", "2")
+    assert len(parts) == stats["loss/updates"] == 2 and all(rel_error(p, whole) > 0.01 for p in parts)
+    err = rel_error(summed(parts), scaled(whole, 2))
+    assert err < 1e-5, err
