@@ -171,3 +171,24 @@ def test_every_task_gets_its_turn_of_dreams():
 
     seen = Counter(task for it in range(8) for task, _ in train.dream_batch(args, it, 0, 1, [{}])[0][::4])
     assert seen == {t: 5 for t in tasks}
+
+
+@pytest.mark.parametrize("loss", ["gspo", "mgrpo"])
+def test_the_advantage_key_is_the_advantage_used(tok, loss):
+    # One trajectory alone in its group (group advantage 0) with advantage A: at ratio 1 both losses
+    # are -A times the mean log-prob of its action tokens, so the gradient is -A times that mean's.
+    from grads import rel_error, scaled, update_grads
+
+    model = policy.tiny_model(tok)
+    p, r = expert_turn(tok, "click('12')")
+    logp, rm, _ = train.score(model, tok, [(0, p, r)], train.parse_args(["--mode", "real"]), "cpu")
+    (-(logp * rm).sum() / rm.sum()).backward()
+    ref = {n: q.grad.clone() for n, q in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    t = {"task": "click-button", "seed": "expert-0", "env_error": False, "reward": 1.0, "success": True,
+         "turns": [{"prompt_ids": p, "response_ids": r}]}
+    for a in (0.5, -2.0):
+        (g,), stats = update_grads(model, tok, [dict(t, advantage=a)], "--mode", "dream", "--world-model", ROOT,
+                                   "--loss", loss)
+        err = rel_error(g, scaled(ref, a))
+        assert err < 1e-5 and stats["loss/trajectories_trained"] == 1, (a, err)

@@ -216,3 +216,22 @@ def test_gradient_accumulation_micro_batches_and_minibatches(tok, loss):
     assert len(parts) == stats["loss/updates"] == 2 and all(rel_error(p, whole) > 0.01 for p in parts)
     err = rel_error(summed(parts), scaled(whole, 2))
     assert err < 1e-5, err
+
+
+def test_env_error_trajectories_leave_their_groups(tok):
+    # group 0: rewards 1, 0 and an env_error episode (reward 0); group 1: rewards 1, 1 and an env_error.
+    # Kept, the env_error members would shift group 0's advantages (mean 1/3, not 1/2), give group 1
+    # a variance (and an update), and train themselves. Left out, the update is the one without them.
+    import policy
+    from grads import update_grads
+
+    ok = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"], PAGE),
+          trajectory(tok, 1, 1.0, ["click('12')"], LONG_PAGE), trajectory(tok, 1, 1.0, ["click( '12' )"], LONG_PAGE)]
+    broken = [trajectory(tok, 0, 0.0, ["noop()"], PAGE, env_error=True),
+              trajectory(tok, 1, 0.0, ["click('14')"], LONG_PAGE, env_error=True)]
+    model = policy.tiny_model(tok)
+    (with_errors,), stats = update_grads(model, tok, ok[:2] + broken[:1] + ok[2:] + broken[1:])
+    (without,), _ = update_grads(model, tok, ok)
+    assert stats["loss/trajectories_trained"] == 2 and stats["rollout/zero_var_groups"] == 0.5
+    assert stats["rollout/reward"] == 0.75  # over the four episodes that ended without env_error
+    assert all(torch_equal(with_errors[k], without[k]) for k in without)
