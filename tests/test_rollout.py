@@ -1,6 +1,7 @@
 """The asynchronous rollout on real Chromium with a tiny model: faults end one episode, lose none."""
 import functools
 import os
+import re
 import signal
 import threading
 import time
@@ -242,3 +243,64 @@ def test_browsers_launch_a_few_at_a_time(agent):
         workers.close()
     assert _CountedLaunch.launches == 8 and 1 < _CountedLaunch.most <= workers.launches
     assert not any(t["env_error"] for t in trajs)
+
+
+class _OwnButton:
+    """A browser-free two-step episode whose pages show a button only this episode has: bid
+    {seed}0 on the first page, {seed}1 on the second. A step succeeds when it clicks that button."""
+
+    def __init__(self, task):
+        self.seed, self.t = None, 0
+
+    def page(self):
+        return webenv.Obs(goal="Click the button.", url="x.html", axtree=f"[{self.seed}{self.t}] button 'Go'")
+
+    def reset(self, seed, task=None):
+        self.seed, self.t = seed, 0
+        return self.page()
+
+    def step(self, text):
+        hit = text == f"click('{self.seed}{self.t}')"
+        self.t += 1
+        return self.page(), float(hit), self.t == 2, {"success": hit, "env_error": False, "action": text}
+
+    def close(self):
+        pass
+
+
+class _ClickTheButtonInMyPrompt:
+    """A generator that answers each prompt with a click on the last button its own prompt shows,
+    and records the size of every batch it is given."""
+
+    def __init__(self, tok):
+        self.tok, self.batches = tok, []
+
+    def generate(self, prompts, *, max_new_tokens=32, temperature=1.0, batch_size=None):
+        self.batches.append(len(prompts))
+        out = []
+        for p in prompts:
+            bid = re.findall(r"\[(\d+)\] button", self.tok.decode(p))[-1]
+            text = f"click('{bid}')"
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text, prompt_len=len(p)))
+        return out
+
+    def push_weights(self, model):
+        pass
+
+
+def test_each_reply_goes_to_the_agent_that_asked(tok):
+    # Four agents ask at once; each reply names a button of its own prompt. A reply handed to another
+    # agent clicks a button that page does not have.
+    gen = _ClickTheButtonInMyPrompt(tok)
+    workers = EnvWorkers(_OwnButton, tok, num_envs=4)
+    jobs = [("click-button", seed) for seed in (11, 22, 33, 44, 55, 66, 77, 88)]
+    try:
+        # a batch waits (up to 1 s) until all four agents have asked, so batches hold several prompts
+        trajs, stats = rollout(gen, tok, workers, jobs, gen_batch=4, linger=1.0)
+    finally:
+        workers.close()
+    assert max(gen.batches) > 1 and stats["env_steps"] == 16
+    for (_, seed), t in zip(jobs, trajs):
+        assert [u["response"] for u in t["turns"]] == [f"click('{seed}0')", f"click('{seed}1')"]
+        assert t["seed"] == seed and t["reward"] == 1.0 and not t["env_error"]
