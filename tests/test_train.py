@@ -34,16 +34,26 @@ def test_bc_runs_and_resumes(tmp_path, demos):
     assert metrics(out)[-1]["loss/bc"] < metrics(out)[0]["loss/bc"]
 
 
-def test_torchrun_two_processes_real_mode(tmp_path):
+def test_torchrun_two_processes_real_mode(tmp_path, tok):
+    # tests/scripted_train.py: the expert solves the first episode of each group, the second fails
+    # (noop()), so every group has a variance and every iteration takes an optimizer step.
+    import policy
+    from safetensors.torch import load_file
+
     out = str(tmp_path / "real")
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-         "--mode", "real", "--tiny", "--out", out, "--tasks", "click-button,enter-text", "--iterations", "2",
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "tests/scripted_train.py",
+         "alternate", "--mode", "real", "--tiny", "--out", out, "--tasks", "click-button,enter-text", "--iterations", "2",
          "--groups-per-iter", "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "6", "--num-envs", "2"],
         timeout=600)
     ms = metrics(out)
-    assert [m["step"] for m in ms] == [1, 2]
-    assert ms[-1]["env/real_steps"] >= 8  # 2 iterations x 2 groups x G=2 x at least one step each
+    # each iteration: rank 0 plays click-button (solved in 1 step, failed in 2), rank 1 enter-text
+    # (solved in 2: fill, submit; failed in 2): 7 real steps; each rank trains its 2 trajectories in 1 step
+    keys = ["step", "env/real_steps", "loss/updates", "loss/trajectories_trained", "rollout/success",
+            "rollout/zero_var_groups", "rollout/turns", "env/env_error"]
+    assert [[m[k] for k in keys] for m in ms] == [[1, 7, 1, 2, 0.5, 0, 1.75, 0], [2, 14, 1, 2, 0.5, 0, 1.75, 0]]
     assert os.path.exists(os.path.join(out, "final", "trainer_state.pt"))
+    start, final = policy.tiny_model(tok).state_dict(), load_file(os.path.join(out, "final", "model.safetensors"))
+    assert not all(torch_equal(start[k], final[k]) for k in final)  # the updates moved the weights
     html = open(os.path.join(out, "report", "report.html")).read()  # the last iteration's report, real screenshots
     assert html.count("<section class='episode") == 2 and "data:image/jpeg;base64," in html
 

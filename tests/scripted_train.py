@@ -1,0 +1,82 @@
+"""train.py with a scripted generator in place of the policy's sampling, so that RL runs earn rewards
+that vary within groups (a random tiny model never succeeds, and a group of failures trains nothing).
+
+    python tests/scripted_train.py alternate|random <train.py arguments>
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/scripted_train.py alternate --mode real ...
+
+The generator reads the observation that ends each prompt (the tokenizer decodes it) and answers
+with the expert's action for it (experts.expert_action) or with a wrong one. Which, is decided at an
+episode's first turn and kept: a later turn follows the expert unless an earlier reply was wrong.
+- alternate: the episodes that start from the same prompt alternate, expert first, then wrong
+  (noop()), and so on: with an even group size exactly half of each group succeeds.
+- random: torch's global RNG decides: the expert with probability 1/2, otherwise one of three
+  wrong replies, so what a run trains on depends on its RNG state (a resumed run must restore it).
+The weights are never read: push_weights does nothing. The repository root must be importable
+(PYTHONPATH).
+"""
+import random
+import re
+import sys
+from collections import Counter
+
+import torch
+
+import env
+import experts
+import policy
+import train
+
+WRONG = ["noop()", "scroll(0, 200)", "I am not sure."]  # none can solve a task
+_TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
+_OBS = re.compile(r"Goal: (.*?)\nURL: (\S*)\n(.*?)(?:\nLast action error: (.*))?\Z", re.S)
+
+
+def observation(text: str) -> env.Obs:
+    """The env.Obs whose text (Obs.render) is `text`."""
+    m = _OBS.match(text)
+    return env.Obs(goal=m[1], url=m[2], axtree=m[3], error=m[4] or "")
+
+
+class ScriptedGenerator:
+    def __init__(self, tokenizer, script: str):
+        assert script in ("alternate", "random"), script
+        self.tok, self.script, self.starts = tokenizer, script, Counter()
+
+    def reply(self, prompt: list[int]) -> str:
+        turns = _TURN.findall(self.tok.decode(prompt))
+        obs = observation(turns[-1][1])
+        past = [text for role, text in turns if role == "assistant"]
+        if past:
+            expert = not any(text in WRONG for text in past)
+        elif self.script == "alternate":
+            expert = self.starts[tuple(prompt)] % 2 == 0
+            self.starts[tuple(prompt)] += 1
+        else:
+            expert = bool(torch.rand(()) < 0.5)
+            if not expert:
+                return WRONG[int(torch.randint(len(WRONG), ()))]
+        if not expert:
+            return WRONG[0]
+        task = obs.url.rsplit("/", 1)[-1].removesuffix(".html")
+        return experts.expert_action(task, obs, random.Random(0))
+
+    def generate(self, prompts, *, max_new_tokens=32, temperature=1.0, batch_size=None):
+        out = []
+        for p in prompts:
+            text = self.reply(p)
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text, prompt_len=len(p)))
+        return out
+
+    def push_weights(self, model):
+        pass
+
+
+def main(argv):
+    script, argv = argv[0], argv[1:]
+    policy.make_generator = lambda kind, model, tokenizer, **kw: ScriptedGenerator(tokenizer, script)
+    train.main(argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
