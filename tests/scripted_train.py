@@ -11,8 +11,9 @@ episode's first turn and kept: a later turn follows the expert unless an earlier
   (noop()), and so on: with an even group size exactly half of each group succeeds.
 - random: torch's global RNG decides: the expert with probability 1/2, otherwise one of three
   wrong replies, so what a run trains on depends on its RNG state (a resumed run must restore it).
-The weights are never read: push_weights does nothing. The repository root must be importable
-(PYTHONPATH).
+The weights are never read: push_weights does nothing. Run as a script, the repository root must
+be importable (PYTHONPATH); in a test, monkeypatch policy.make_generator with make_generator(script)
+and call train.main.
 """
 import random
 import re
@@ -72,9 +73,14 @@ class ScriptedGenerator:
         pass
 
 
+def make_generator(script: str):
+    """A stand-in for policy.make_generator that returns a ScriptedGenerator."""
+    return lambda kind, model, tokenizer, **kw: ScriptedGenerator(tokenizer, script)
+
+
 def main(argv):
     script, argv = argv[0], argv[1:]
-    policy.make_generator = lambda kind, model, tokenizer, **kw: ScriptedGenerator(tokenizer, script)
+    policy.make_generator = make_generator(script)
     train.main(argv)
 
 

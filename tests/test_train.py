@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
@@ -245,3 +246,31 @@ def test_env_error_trajectories_leave_their_groups(tok):
     assert stats["loss/trajectories_trained"] == 2 and stats["rollout/zero_var_groups"] == 0.5
     assert stats["rollout/reward"] == 0.75  # over the four episodes that ended without env_error
     assert all(torch_equal(with_errors[k], without[k]) for k in without)
+
+
+def test_real_mode_resume_restores_the_rng(tmp_path, monkeypatch):
+    # tests/scripted_train.py random: torch's RNG picks which episodes succeed and which wrong reply
+    # the others give, so each iteration trains on what the RNG draws. A run stopped after one
+    # iteration and resumed must restore the RNG state to end with the same weights, bit for bit.
+    # (In this process: train.main seeds every RNG itself.)
+    import policy
+    import scripted_train
+    import train
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(policy, "make_generator", scripted_train.make_generator("random"))
+
+    def train_for(out, iterations, *more):
+        train.main(["--mode", "real", "--tiny", "--out", out, "--tasks", "click-button", "--iterations", str(iterations),
+                    "--groups-per-iter", "1", "--group-size", "4", "--max-steps", "1", "--num-envs", "1",
+                    "--report-every", "0", "--lr", "1e-2", *more])
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    train_for(whole, 2)
+    train_for(cut, 1)
+    train_for(cut, 2, "--resume")
+    ms = metrics(whole)
+    assert [m["loss/updates"] for m in ms] == [1, 1]  # both iterations trained (groups with a variance)
+    assert [(m["step"], m["rollout/success"]) for m in metrics(cut)] == [(m["step"], m["rollout/success"]) for m in ms]
+    a = load_file(os.path.join(whole, "final", "model.safetensors"))
+    b = load_file(os.path.join(cut, "final", "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
