@@ -2,7 +2,6 @@
 action or an ActionParseError of a named kind, never an empty or silently different action.
 Pure: no browser is started."""
 import pickle
-import time
 import warnings
 
 import pytest
@@ -145,20 +144,56 @@ def test_think_blocks():
     assert kind_of("<think>maybe click('1')? the button is") == "unclosed_think"  # was click('1')
 
 
-def test_long_reply_is_fast():
+class _TooMuchWork(Exception):
+    pass
+
+
+class _CountedReply(str):
+    """A reply that counts the parser's reads of it: the lexer (env._match_paren) reads one character
+    at each of its steps. Past `limit` reads it raises, so a quadratic scan fails at once."""
+
+    def __getitem__(self, k):
+        self.reads += 1
+        if self.reads > self.limit:
+            raise _TooMuchWork(f"more than {self.limit} reads of a {len(self)}-character reply")
+        return str.__getitem__(self, k)
+
+
+def work(monkeypatch, text, per_char=8):
+    """parse_action(text) (or the ActionParseError it raised) and the work it took: lexer steps plus
+    the characters handed to ast.parse, checked to be at most per_char a character of the reply."""
+    import ast
+    import types
+
+    parsed = [0]
+
+    def parse(src, *a, **k):
+        parsed[0] += len(src)
+        return ast.parse(src, *a, **k)
+    monkeypatch.setattr(env, "ast", types.SimpleNamespace(**{**{k: getattr(ast, k) for k in dir(ast)}, "parse": parse}))
+    reply = _CountedReply(text)
+    reply.reads, reply.limit = 0, per_char * len(text)
+    try:
+        out = parse_action(reply)
+    except ActionParseError as e:
+        out = e
+    assert reply.reads + parsed[0] <= per_char * len(text), (text[:20], reply.reads, parsed[0])
+    return out, reply.reads + parsed[0]
+
+
+def test_long_reply_takes_work_linear_in_its_length(monkeypatch):
+    # Bounded work, not a clock: each reply of 50k characters (the most accepted) is read in at most
+    # 8 steps a character (4.6 for the worst below; a rescan from every call start would be ~10^9)
     prose = "The page shows a form; I'll look at every field (twice) before acting. " * 800
     reply = (prose + "click('15')")[-env.MAX_REPLY_CHARS:]
     assert len(reply) == 50_000
-    t = time.perf_counter()
-    assert parse_action(reply) == "click('15')"
-    assert parse_action("<think>" + reply[:-40] + "</think>fill('3', 'x')") == "fill('3', 'x')"
+    assert work(monkeypatch, reply)[0] == "click('15')"
+    assert work(monkeypatch, "<think>" + reply[:-40] + "</think>fill('3', 'x')")[0] == "fill('3', 'x')"
     for bad in ["a(", "click(", "f(' ", "f(f(f(f(x y)))) ", "f() # ", "(", "'", "```", "fill('3', "]:
-        kind_of((bad * (50_000 // len(bad) + 1))[:50_000])
-    elapsed = time.perf_counter() - t
-    assert elapsed < 10, elapsed  # about 0.6 s in all on 2 busy cores
-    t = time.perf_counter()
-    assert kind_of("x" * 10_000_000 + "click('1')") == "too_long"
-    assert time.perf_counter() - t < 0.5
+        out, _ = work(monkeypatch, (bad * (50_000 // len(bad) + 1))[:50_000])
+        assert isinstance(out, ActionParseError), (bad, out)
+    out, steps = work(monkeypatch, "x" * 10_000_000 + "click('1')")
+    assert out.kind == "too_long" and steps == 0  # refused unread
 
 
 # ---------------------------------------------------------------------------------------------
