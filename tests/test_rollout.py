@@ -5,6 +5,7 @@ import re
 import signal
 import threading
 import time
+import types
 
 import pytest
 
@@ -93,21 +94,26 @@ def test_a_hung_browser_times_out_as_env_error(agent):
     assert all(t is not None for t in trajs) and stats.get("env_timeouts") == 1
 
 
-class _SlowFirstStep:
-    """A browser-free environment: one-step episodes of 0.2 s; the very first step hangs 2 s."""
-    slept = False
+class _FirstStepHangs:
+    """A browser-free environment with one-step episodes. The very first step of all hangs until the
+    pool's watchdog has abandoned its worker; every other step waits for `state.go` (an Event), so that
+    jobs are still queued when the abandoned thread wakes up."""
 
-    def __init__(self, task):
-        self.task = task
+    def __init__(self, state):
+        self.state = state
 
     def reset(self, seed, task=None):
         return webenv.Obs(goal="Click OK.", url="x.html", axtree="[1] button 'OK'")
 
     def step(self, text):
-        if not _SlowFirstStep.slept:
-            _SlowFirstStep.slept = True
-            time.sleep(2.0)
-        time.sleep(0.2)
+        if not self.state.hung:
+            self.state.hung = True
+            me = threading.current_thread()  # the worker (rollout._Worker) that runs this step
+            deadline = time.monotonic() + 60
+            while not me.abandoned and time.monotonic() < deadline:  # polls a flag: rollout has no event for it
+                time.sleep(0.01)
+        else:
+            self.state.go.wait(timeout=60)
         return webenv.Obs(goal="Click OK.", url="x.html", axtree=""), 1.0, True, {"success": True, "env_error": False}
 
     def close(self):
@@ -115,18 +121,26 @@ class _SlowFirstStep:
 
 
 def test_a_timed_out_worker_takes_no_job_on_its_way_out(agent):
-    # The watchdog abandons the slow worker and starts a fresh one. When the abandoned thread wakes
+    # The watchdog abandons the hung worker and starts a fresh one. When the abandoned thread wakes
     # up it must not take a queued job: that job would be lost and the rollout would wait forever
     # (seen in dream mode, where steps wait on the world model's lock).
     model, tok = agent
-    workers = EnvWorkers(_SlowFirstStep, tok, num_envs=1, step_timeout=0.5)
+    state = types.SimpleNamespace(hung=False, go=threading.Event())
+    # 5 s: the other steps wait only until the abandoned thread has ended, a few ms
+    workers = EnvWorkers(lambda task: _FirstStepHangs(state), tok, num_envs=1, step_timeout=5.0)
+    first = workers.workers[0]
     out = {}
-    jobs = [("click-button", i) for i in range(12)]  # still queued when the slow step ends
+    jobs = [("click-button", i) for i in range(12)]  # all but two still queued when the hung step ends
     runner = threading.Thread(target=lambda: out.update(r=rollout(model, tok, workers, jobs, max_new_tokens=4)),
                               daemon=True)
     runner.start()
-    runner.join(timeout=60)
-    workers.close()
+    try:
+        first.join(timeout=30)  # abandoned, it wakes up and ends, with jobs in the queue
+        assert first.abandoned and not first.is_alive(), "the abandoned worker went on (with a queued job)"
+    finally:
+        state.go.set()
+        runner.join(timeout=60)
+        workers.close()
     assert not runner.is_alive(), "the rollout never finished: a job was lost"
     trajs, stats = out["r"]
     assert [t["env_error"] for t in trajs] == [True] + [False] * 11 and stats["env_timeouts"] == 1
