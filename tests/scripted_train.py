@@ -11,9 +11,9 @@ episode's first turn and kept: a later turn follows the expert unless an earlier
   (noop()), and so on: with an even group size exactly half of each group succeeds.
 - random: torch's global RNG decides: the expert with probability 1/2, otherwise one of three
   wrong replies, so what a run trains on depends on its RNG state (a resumed run must restore it).
-The weights are never read: push_weights does nothing. Run as a script, the repository root must
-be importable (PYTHONPATH); in a test, monkeypatch policy.make_generator with make_generator(script)
-and call train.main.
+ScriptedReplies is the base of any generator whose reply is a function of its prompt. Run as a
+script, the repository root must be importable (PYTHONPATH); in a test, monkeypatch
+policy.make_generator with make_generator(script) and call train.main.
 """
 import random
 import re
@@ -38,10 +38,36 @@ def observation(text: str) -> env.Obs:
     return env.Obs(goal=m[1], url=m[2], axtree=m[3], error=m[4] or "")
 
 
-class ScriptedGenerator:
+class ScriptedReplies:
+    """A generator with policy.py's contract whose reply to a prompt is `self.reply(prompt ids)`: the
+    text's token ids and the end-of-turn id, log-probs 0 (train.py recomputes pi_old from the ids).
+    push_weights does nothing: the weights are never read."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def reply(self, prompt: list[int]) -> str:
+        raise NotImplementedError
+
+    def generate(self, prompts, *, max_new_tokens=32, temperature=1.0, batch_size=None):
+        out = []
+        for p in prompts:
+            text = self.reply(p)
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text, prompt_len=len(p)))
+        return out
+
+    def push_weights(self, model):
+        pass
+
+
+class ScriptedGenerator(ScriptedReplies):
+    """The expert or a wrong reply, as the module docstring says (script: alternate or random)."""
+
     def __init__(self, tokenizer, script: str):
         assert script in ("alternate", "random"), script
-        self.tok, self.script, self.starts = tokenizer, script, Counter()
+        super().__init__(tokenizer)
+        self.script, self.starts = script, Counter()
 
     def reply(self, prompt: list[int]) -> str:
         turns = _TURN.findall(self.tok.decode(prompt))
@@ -60,17 +86,6 @@ class ScriptedGenerator:
             return WRONG[0]
         task = obs.url.rsplit("/", 1)[-1].removesuffix(".html")
         return experts.expert_action(task, obs, random.Random(0))
-
-    def generate(self, prompts, *, max_new_tokens=32, temperature=1.0, batch_size=None):
-        out = []
-        for p in prompts:
-            text = self.reply(p)
-            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
-            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text, prompt_len=len(p)))
-        return out
-
-    def push_weights(self, model):
-        pass
 
 
 def make_generator(script: str):

@@ -12,6 +12,7 @@ import pytest
 import env as webenv
 import policy
 from rollout import EnvProcess, EnvWorkers, rollout
+from scripted_train import ScriptedReplies
 
 
 @pytest.fixture(scope="module")
@@ -282,25 +283,20 @@ class _OwnButton:
         pass
 
 
-class _ClickTheButtonInMyPrompt:
+class _ClickTheButtonInMyPrompt(ScriptedReplies):
     """A generator that answers each prompt with a click on the last button its own prompt shows,
     and records the size of every batch it is given."""
 
     def __init__(self, tok):
-        self.tok, self.batches = tok, []
+        super().__init__(tok)
+        self.batches = []
 
-    def generate(self, prompts, *, max_new_tokens=32, temperature=1.0, batch_size=None):
+    def generate(self, prompts, **kw):
         self.batches.append(len(prompts))
-        out = []
-        for p in prompts:
-            bid = re.findall(r"\[(\d+)\] button", self.tok.decode(p))[-1]
-            text = f"click('{bid}')"
-            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
-            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text, prompt_len=len(p)))
-        return out
+        return super().generate(prompts, **kw)
 
-    def push_weights(self, model):
-        pass
+    def reply(self, prompt):
+        return "click('%s')" % re.findall(r"\[(\d+)\] button", self.tok.decode(prompt))[-1]
 
 
 def test_each_reply_goes_to_the_agent_that_asked(tok):

@@ -59,17 +59,29 @@ def test_torchrun_two_processes_real_mode(tmp_path, tok):
     assert html.count("<section class='episode") == 2 and "data:image/jpeg;base64," in html
 
 
-def synthetic_trajectories(tok):
-    """Two groups of G=2 from a fixed prompt: one group with rewards 1/0, one with 1/1."""
+def trajectory(tok, seed, reward, actions, observation, env_error=False):
+    """A trajectory record as rollout.py writes it: one turn per action, each prompt built from the
+    turns before it (compress.build_prompt), each reply the action's ids and the end-of-turn id."""
     import compress
 
-    prompt = compress.build_prompt(tok, [], "Goal: Click on the \"OK\" button.\nURL: click-button.html\n[12] button 'OK'")
-    good = tok.encode("click('12')", add_special_tokens=False) + [tok.eos_token_id]
-    bad = tok.encode("click('13')", add_special_tokens=False) + [tok.eos_token_id]
-    def traj(seed, resp, reward, turns=1):
-        return {"task": "click-button", "seed": seed, "env_error": False, "reward": reward, "success": reward == 1.0,
-                "turns": [{"prompt_ids": prompt, "response_ids": resp, "response_logprobs": [0.0] * len(resp)}] * turns}
-    return [traj(0, good, 1.0), traj(0, bad, 0.0, turns=2), traj(1, good, 1.0), traj(1, good, 1.0)]
+    history, turns = [], []
+    for a in actions:
+        reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+        turns.append({"prompt_ids": compress.build_prompt(tok, history, observation), "response_ids": reply,
+                      "response_logprobs": [0.0] * len(reply)})
+        history.append({"observation": observation, "response": a})
+    return {"task": "click-button", "seed": seed, "env_error": env_error, "reward": reward, "success": reward == 1.0,
+            "turns": turns}
+
+
+PAGE = "Goal: Click on the \"OK\" button.\nURL: miniwob/click-button.html\n[12] button 'OK'\n[13] button 'No'"
+LONG_PAGE = PAGE.replace("[13]", "[14] heading 'Pick one of the buttons below, then wait'\n[15] link 'help'\n[13]")
+
+
+def synthetic_trajectories(tok):
+    """Two groups of G=2 on one page: one group with rewards 1/0 (the 0 in two turns), one with 1/1."""
+    return [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"] * 2, PAGE),
+            trajectory(tok, 1, 1.0, ["click('12')"], PAGE), trajectory(tok, 1, 1.0, ["click('12')"], PAGE)]
 
 
 @pytest.mark.parametrize("loss,epochs,minibatches", [("mgrpo", 1, 1), ("gspo", 1, 1), ("mgrpo", 2, 2), ("gspo", 2, 1)])
@@ -185,25 +197,6 @@ def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
     direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button"])
     assert direct.max_new_tokens == 32
     assert tok.decode(train.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token
-
-
-def trajectory(tok, seed, reward, actions, observation, env_error=False):
-    """A trajectory record as rollout.py writes it: one turn per action, each prompt built from the
-    turns before it (compress.build_prompt), each reply the action's ids and the end-of-turn id."""
-    import compress
-
-    history, turns = [], []
-    for a in actions:
-        reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
-        turns.append({"prompt_ids": compress.build_prompt(tok, history, observation), "response_ids": reply,
-                      "response_logprobs": [0.0] * len(reply)})
-        history.append({"observation": observation, "response": a})
-    return {"task": "click-button", "seed": seed, "env_error": env_error, "reward": reward, "success": reward == 1.0,
-            "turns": turns}
-
-
-PAGE = "Goal: Click on the \"OK\" button.\nURL: miniwob/click-button.html\n[12] button 'OK'\n[13] button 'No'"
-LONG_PAGE = PAGE.replace("[13]", "[14] heading 'Pick one of the buttons below, then wait'\n[15] link 'help'\n[13]")
 
 
 @pytest.mark.parametrize("loss", ["mgrpo", "gspo"])
