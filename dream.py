@@ -7,7 +7,7 @@ Each iteration: imagined groups, G dreams per (task, seed), run by rollout.py on
 recorded episode and runs at most --dream-len imagined steps; the world model's `done: yes` is the
 reward), plus real expert trajectories at --real-ratio of the batch, then one policy update
 (update.py; GSPO by default). Every --replay-every iterations a few dreams are replayed on real
-pages (world_model.replay) to check the dream reward; those replays are the only real browser
+pages (transitions.replay) to check the dream reward; those replays are the only real browser
 steps the loop takes (env/real_steps, apart from dream/steps).
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ import policy
 import report
 import rollout as rollouts
 import supervised
+import transitions
 import update
 from runlog import read_jsonl, write_jsonl
 
@@ -50,7 +51,7 @@ def dream_batch(args, it: int, rank: int, world: int, demos: list[dict]) -> tupl
 
 
 def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args, it: int) -> tuple[dict, int, list[dict]]:
-    """Replay a sample of dreams' actions on real pages (world_model.replay) and compare the world
+    """Replay a sample of dreams' actions on real pages (transitions.replay) and compare the world
     model's completion judgement (the dream reward) with the real reward.
 
     Returns (counts, real browser steps taken, records). counts: replayed (dreams replayed without
@@ -60,8 +61,6 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
     Records (for the HTML report): the dream with each turn's `real_observation` and
     `predicted_success` / `real_success`.
     """
-    import world_model
-
     rng = random.Random(args.seed * 7919 + it)
     pool = [t for t in trajs if not t["env_error"] and t["turns"]]
     sample = rng.sample(pool, min(args.replay_samples, len(pool)))
@@ -69,12 +68,12 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
     steps = 0
     out = []
     for t in sample:
-        start = world_model.pick_start_state(states, t["seed"], t["task"])
+        start = transitions.pick_start_state(states, t["seed"], t["task"])
         if start.get("seed") is None:
             continue
         if not renv_holder:
             renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1)))
-        r = world_model.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
+        r = transitions.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
         steps += r["steps"]
         if r["env_error"]:
             continue
@@ -147,7 +146,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         if not os.path.exists(args.transitions):
             raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
                                     "`python world_model.py --collect runs/transitions.jsonl`")
-        states = [s for s in world_model.start_states(read_jsonl(args.transitions)) if s["task"] in args.tasks]
+        states = [s for s in transitions.start_states(read_jsonl(args.transitions)) if s["task"] in args.tasks]
         missing = sorted(set(args.tasks) - {s["task"] for s in states})
         if missing:
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 import distributed
 import policy
 from policy import Sample, stop_ids

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch

@@ -15,6 +15,8 @@ import policy  # noqa: E402
 import dream  # noqa: E402
 import train  # noqa: E402
 import update  # noqa: E402
+import delta as dfmt  # noqa: E402
+import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
 
 DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
@@ -42,31 +44,31 @@ def test_batch_holds_the_real_ratio(ratio, n_real, n_jobs):
 
 
 def test_start_states_know_how_to_reach_them_again():
-    trs = wm.load_transitions(DATA)
-    states = wm.start_states(trs, "click-tab-2")
+    trs = trans.load_transitions(DATA)
+    states = trans.start_states(trs, "click-tab-2")
     late = [s for s in states if s["prefix"]]
     assert late and all(s["seed"] is not None for s in states)
     ep = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 1]
     s2 = next(s for s in states if s["axtree"] == ep[2]["obs"]["axtree"])
     assert s2["prefix"] == [ep[0]["action"], ep[1]["action"]]
-    assert wm.pick_start_state(states, 7, "click-tab-2") is wm.pick_start_state(states, 7, "click-tab-2")
+    assert trans.pick_start_state(states, 7, "click-tab-2") is trans.pick_start_state(states, 7, "click-tab-2")
     with pytest.raises(ValueError):
-        wm.pick_start_state(states, 7, "click-button")
+        trans.pick_start_state(states, 7, "click-button")
 
 
 def test_replay_reaches_a_late_start_state_on_real_pages():
-    trs = wm.load_transitions(DATA)
+    trs = trans.load_transitions(DATA)
     ep = [t for t in trs if t["task"] == "click-button" and t["seed"] == 2]  # three recorded steps
-    start = next(s for s in wm.start_states(trs, "click-button") if s["seed"] == 2 and len(s["prefix"]) == 2)
-    r = wm.replay(start, [ep[2]["action"]])
+    start = next(s for s in trans.start_states(trs, "click-button") if s["seed"] == 2 and len(s["prefix"]) == 2)
+    r = trans.replay(start, [ep[2]["action"]])
     assert r["start_match"], "the prefix actions on the same seed must rebuild the same page"
     assert r["steps"] == 3 and not r["env_error"]
     assert r["success"] == ep[2]["success"] and r["states"][0]["axtree"] == ep[2]["next_obs"]["axtree"]
 
 
 def test_drift_with_a_perfect_and_with_a_lazy_world_model(monkeypatch, tok):
-    trs = wm.load_transitions(DATA)
-    eps = wm.episodes_of(trs)
+    trs = trans.load_transitions(DATA)
+    eps = trans.episodes_of(trs)
     assert [len(e) for e in eps] == [3, 4, 3, 3, 2, 1, 1, 3]
     true = {(t["task"], t["seed"], t["step"]): t["delta"] for t in trs}
     by_obs = {}
@@ -89,8 +91,8 @@ def test_drift_with_a_perfect_and_with_a_lazy_world_model(monkeypatch, tok):
 
 
 def test_tree_f1_by_hand():
-    assert wm.tree_f1("a\nb\nc", "a\nb\nd") == pytest.approx(2 * 2 / 6)
-    assert wm.tree_f1("", "") == 1.0 and wm.tree_f1("a", "") == 0.0
+    assert dfmt.tree_f1("a\nb\nc", "a\nb\nd") == pytest.approx(2 * 2 / 6)
+    assert dfmt.tree_f1("", "") == 1.0 and dfmt.tree_f1("a", "") == 0.0
 
 
 def expert_turn(tok, action):

@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compress  # noqa: E402
 import policy  # noqa: E402
+import delta as dfmt  # noqa: E402
+import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
 from actions import parse_action  # noqa: E402
 from axtree import line_bid  # noqa: E402
@@ -37,9 +39,9 @@ def st8(axtree, url="miniwob/a.html", error=""):
 
 
 def test_unchanged_page_is_one_short_line():
-    assert wm.diff(st8(OLD), st8(OLD)) == "done: no"
-    assert wm.diff(st8(""), st8("")) == "done: no"
-    assert wm.apply(st8(OLD), "done: no") == (st8(OLD), 0)
+    assert dfmt.diff(st8(OLD), st8(OLD)) == "done: no"
+    assert dfmt.diff(st8(""), st8("")) == "done: no"
+    assert dfmt.apply(st8(OLD), "done: no") == (st8(OLD), 0)
 
 
 @pytest.mark.parametrize("new, done, delta", [
@@ -56,43 +58,43 @@ def test_unchanged_page_is_one_short_line():
      + "\n[31] button 'end'", False, "+ ^ StaticText 'Top'\n+ [17]  [30] link 'x'\n+ [19] [31] button 'end'\ndone: no"),
 ])
 def test_hand_written_deltas(new, done, delta):
-    assert wm.diff(st8(OLD), st8(new), done) == delta
-    assert wm.apply(st8(OLD), delta) == (st8(new), 0)
+    assert dfmt.diff(st8(OLD), st8(new), done) == delta
+    assert dfmt.apply(st8(OLD), delta) == (st8(new), 0)
 
 
 def test_url_and_error_lines_lead_and_only_when_there_is_one():
     a, b = st8(OLD), st8(OLD, url="miniwob/b.html", error="ValueError: Could not find element with bid \"99\"")
-    d = wm.diff(a, b)
+    d = dfmt.diff(a, b)
     assert d == 'url: miniwob/b.html\nerror: ValueError: Could not find element with bid "99"\ndone: no'
-    assert wm.apply(a, d) == (b, 0)
+    assert dfmt.apply(a, d) == (b, 0)
     # the error belongs to the new page only: the next Δ without an error clears it
-    assert wm.apply(b, "done: no")[0]["error"] == ""
+    assert dfmt.apply(b, "done: no")[0]["error"] == ""
 
 
 def test_replaced_stretch_pairs_lines_without_bid_and_inserts_after_the_survivor():
     old = "[17] tablist\n [18] tab 'a'\n  StaticText 'p'\n  StaticText 'q'\n[24] tabpanel"
     new = "[17] tablist\n [19] tab 'a'\n  StaticText 'p2'\n  [30] link 'z'\n[24] tabpanel"
-    d = wm.diff(st8(old), st8(new))
+    d = dfmt.diff(st8(old), st8(new))
     assert d == ("+ [17]  [19] tab 'a'\n- [18]\n~ [18]+1   StaticText 'p2'\n+ [18]+1   [30] link 'z'\n"
                  "- [18]+2\ndone: no")
-    assert wm.apply(st8(old), d) == (st8(new), 0)
+    assert dfmt.apply(st8(old), d) == (st8(new), 0)
 
 
 def test_done_lines():
-    assert wm.predicted_done("~ [13] button 'no'\ndone: yes")
-    assert not wm.predicted_done("done: no") and not wm.predicted_done("done: fail") and not wm.predicted_done("")
-    assert wm.predicted_status("done: fail") == "fail"
-    assert wm.predicted_status("done: maybe") == "no"
-    assert wm.predicted_status("done: yes\ndone: no") == "yes"  # the first one wins
-    assert wm.diff(st8(OLD), st8(OLD), "yes") == "done: yes"
+    assert dfmt.predicted_done("~ [13] button 'no'\ndone: yes")
+    assert not dfmt.predicted_done("done: no") and not dfmt.predicted_done("done: fail") and not dfmt.predicted_done("")
+    assert dfmt.predicted_status("done: fail") == "fail"
+    assert dfmt.predicted_status("done: maybe") == "no"
+    assert dfmt.predicted_status("done: yes\ndone: no") == "yes"  # the first one wins
+    assert dfmt.diff(st8(OLD), st8(OLD), "yes") == "done: yes"
     with pytest.raises(ValueError):
-        wm.diff(st8(OLD), st8(OLD), "maybe")
+        dfmt.diff(st8(OLD), st8(OLD), "maybe")
 
 
 def test_obs_dataclass_and_recorded_dicts_are_both_states():
     o = Obs("g", "u", OLD, "", 3)
-    assert wm.as_state(o) == {"goal": "g", "url": "u", "axtree": OLD, "error": ""}
-    assert wm.as_state({"url": "u", "axtree": OLD}) == {"goal": "", "url": "u", "axtree": OLD, "error": ""}
+    assert dfmt.as_state(o) == {"goal": "g", "url": "u", "axtree": OLD, "error": ""}
+    assert dfmt.as_state({"url": "u", "axtree": OLD}) == {"goal": "", "url": "u", "axtree": OLD, "error": ""}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,27 +154,27 @@ def transition(draw):
 @given(transition(), st.sampled_from([True, False, "fail"]))
 def test_round_trip_on_generated_trees(t, done):
     a, b = t
-    d = wm.diff(a, b, done)
-    assert wm.apply(a, d) == (b, 0)
-    assert wm.predicted_done(d) == (done is True)
+    d = dfmt.diff(a, b, done)
+    assert dfmt.apply(a, d) == (b, 0)
+    assert dfmt.predicted_done(d) == (done is True)
     assert d.split("\n")[-1].startswith("done: ")
 
 
 def fixture_transitions():
-    return wm.load_transitions(DATA)
+    return trans.load_transitions(DATA)
 
 
 def test_round_trip_on_real_transitions():
     ts = fixture_transitions()
     assert 15 <= len(ts) <= 40
-    assert {"yes", "no", "fail"} <= {wm.predicted_status(t["delta"]) for t in ts}
+    assert {"yes", "no", "fail"} <= {dfmt.predicted_status(t["delta"]) for t in ts}
     for t in ts:
-        assert wm.diff(t["obs"], t["next_obs"], wm.predicted_status(t["delta"])) == t["delta"]  # deterministic
-        o, bad = wm.apply(t["obs"], t["delta"])
+        assert dfmt.diff(t["obs"], t["next_obs"], dfmt.predicted_status(t["delta"])) == t["delta"]  # deterministic
+        o, bad = dfmt.apply(t["obs"], t["delta"])
         assert bad == 0
         nxt = t["next_obs"]
         assert (o["url"], o["axtree"], o["error"]) == (nxt["url"], nxt["axtree"], nxt["error"])
-        assert wm.predicted_done(t["delta"]) == t["success"]
+        assert dfmt.predicted_done(t["delta"]) == t["success"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,26 +194,26 @@ def test_round_trip_on_real_transitions():
     ("- [13] extra\n~ [13]+1\n+ [13]\n~ ^ x\n- ^\n+ ^+1", 6, OLD),            # half-formed edits
 ])
 def test_hostile_deltas_are_skipped_and_counted(delta, n_bad, axtree):
-    o, bad = wm.apply(st8(OLD), delta)
+    o, bad = dfmt.apply(st8(OLD), delta)
     assert bad == n_bad
     assert o["axtree"] == axtree
 
 
 def test_removes_and_changes_resolve_before_inserts_whatever_their_order():
     # a bid that moves: its insert comes before its removal in the Δ
-    o, bad = wm.apply(st8(OLD), "+ [12] [19] textbox\n- [19]")
+    o, bad = dfmt.apply(st8(OLD), "+ [12] [19] textbox\n- [19]")
     assert bad == 0 and o["axtree"].split("\n")[1] == "[19] textbox" and o["axtree"].count("[19]") == 1
 
 
 def test_huge_and_binary_text_never_raises():
     huge = "\n".join(["+ ^ StaticText 'x'"] * 5000 + ["garbage \x00\x01 line"] * 5000 + ["- [13]"] * 100)
-    o, bad = wm.apply(st8(OLD), huge)
-    assert len(o["axtree"].split("\n")) == wm.MAX_LINES  # the tree stops growing at MAX_LINES
-    assert bad == (5000 - (wm.MAX_LINES - 5)) + 5000 + 99
-    o, bad = wm.apply(st8(OLD), "+ ^ " + "x" * 2_000_000)
+    o, bad = dfmt.apply(st8(OLD), huge)
+    assert len(o["axtree"].split("\n")) == dfmt.MAX_LINES  # the tree stops growing at MAX_LINES
+    assert bad == (5000 - (dfmt.MAX_LINES - 5)) + 5000 + 99
+    o, bad = dfmt.apply(st8(OLD), "+ ^ " + "x" * 2_000_000)
     assert bad == 0 and len(o["axtree"]) > 2_000_000
     for junk in (None, 42, b"- [13]", "\n\n\n", "\r\n\r\n"):
-        o, bad = wm.apply(st8(OLD), junk)
+        o, bad = dfmt.apply(st8(OLD), junk)
         assert o["axtree"] == OLD
 
 
@@ -220,7 +222,7 @@ def test_huge_and_binary_text_never_raises():
                           st.sampled_from(["- [12]", "- [17]+1", "- ^+1", "done: yes", "url: z", "+ ^ [13] b"])),
                 max_size=30))
 def test_any_text_applies_without_raising_and_keeps_bids_unique(lines):
-    o, bad = wm.apply(st8(OLD), "\n".join(lines))
+    o, bad = dfmt.apply(st8(OLD), "\n".join(lines))
     assert bad >= 0
     bids = [line_bid(x) for x in o["axtree"].split("\n") if line_bid(x)]
     assert len(bids) == len(set(bids))
@@ -293,7 +295,7 @@ def test_predict_and_evaluate_with_a_forced_model(tok):
     same = sum(t["next_obs"]["axtree"] == t["obs"]["axtree"] and t["next_obs"]["url"] == t["obs"]["url"] for t in ts)
     assert r["wm/exact_match"] == same / len(ts)
     assert r["wm/line_precision"] == 1.0 and r["wm/line_recall"] == (1.0 if all(
-        not wm.delta_lines(t["delta"]) for t in ts) else 0.0)
+        not dfmt.delta_lines(t["delta"]) for t in ts) else 0.0)
     assert r["wm/done_accuracy"] == sum(not t["success"] for t in ts) / len(ts)
     assert r["wm/done_false_positive_rate"] == 0.0 and r["wm/n"] == len(ts) and r["wm/bad_lines"] == 0
 
@@ -308,15 +310,15 @@ def test_a_reply_cut_by_the_length_limit_loses_its_unfinished_line(tok):
 
 def test_start_states_cover_later_stages():
     ts = fixture_transitions()
-    states = wm.start_states(ts)
+    states = trans.start_states(ts)
     assert len(states) == len({(t["task"], t["goal"], t["obs"]["axtree"], t["obs"]["url"]) for t in ts})
     assert any(t["step"] > 0 for t in ts)
-    only = wm.start_states(ts, "enter-text")
+    only = trans.start_states(ts, "enter-text")
     assert only and all(s["task"] == "enter-text" for s in only)
 
 
 def test_dream_env_steps_and_ends_at_dream_len(tok):
-    states = wm.start_states(fixture_transitions(), "enter-text")
+    states = trans.start_states(fixture_transitions(), "enter-text")
     env = wm.DreamEnv(policy.tiny_model(tok), tok, states, dream_len=3, max_new_tokens=6)
     assert env.task == "enter-text"
     obs = env.reset(seed=7)
@@ -365,18 +367,18 @@ def test_random_actions_are_valid_actions():
     rng = random.Random(0)
     for t in fixture_transitions():
         for _ in range(5):
-            a = wm.random_action(t["obs"], rng)
+            a = trans.random_action(t["obs"], rng)
             assert parse_action(a) == a
 
 
 @pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
 def test_collect_one_real_transition(tmp_path):
     path = str(tmp_path / "t.jsonl")
-    counts = wm.collect_transitions(["click-button"], [0], path, random_frac=0.0, max_steps=1)
+    counts = trans.collect_transitions(["click-button"], [0], path, random_frac=0.0, max_steps=1)
     assert counts["transitions"] == 1
-    (t,) = wm.load_transitions(path)
-    assert t["source"] == "expert" and t["success"] and wm.predicted_done(t["delta"])
-    o, bad = wm.apply(t["obs"], t["delta"])
+    (t,) = trans.load_transitions(path)
+    assert t["source"] == "expert" and t["success"] and dfmt.predicted_done(t["delta"])
+    o, bad = dfmt.apply(t["obs"], t["delta"])
     assert bad == 0 and o["axtree"] == t["next_obs"]["axtree"]
 
 
@@ -385,9 +387,9 @@ def record_fixture(path=DATA):
     if os.path.exists(path):
         os.remove(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    print(wm.collect_transitions(["click-tab-2", "enter-text"], [0, 1], path, random_frac=0.3, max_steps=5))
-    print(wm.collect_transitions(["click-checkboxes"], [0], path, random_frac=0.3, max_steps=5))
-    print(wm.collect_transitions(["click-button"], [0, 1, 2], path, random_frac=1.0, max_steps=3))
+    print(trans.collect_transitions(["click-tab-2", "enter-text"], [0, 1], path, random_frac=0.3, max_steps=5))
+    print(trans.collect_transitions(["click-checkboxes"], [0], path, random_frac=0.3, max_steps=5))
+    print(trans.collect_transitions(["click-button"], [0, 1, 2], path, random_frac=1.0, max_steps=3))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,226 @@
+"""Real transitions for the world model: recorded on real pages, and the real states dreams start from.
+
+    python world_model.py --collect runs/transitions.jsonl --seeds 20      # (world_model.py's CLI calls this)
+    trs = load_transitions("runs/transitions.jsonl")
+    states = start_states(trs)                  # every stage of every recorded episode, with how to reach it
+    r = replay(states[7], ["click('13')"])      # the same actions on real pages: did the dream come true?
+
+A transition is one real step: {task, seed, step, goal, obs: {url, axtree, error}, action, source
+(expert | policy | random), next_obs, delta (delta.diff, exact), reward, done, success, truncated},
+one JSON line each, an episode's steps consecutive from step 0.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+from collections import Counter
+
+from axtree import read_tree
+from delta import as_state, diff, done_status
+from env import Obs
+from runlog import read_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+_WORDS = ["hello", "Submit", "OK", "yes", "no", "blue", "42", "Alice", "password", "test", "ornare", "Cancel"]
+_TEXT_ROLES = {"textbox", "searchbox", "combobox", "spinbutton"}
+
+
+def random_action(obs, rng: random.Random) -> str:
+    """A random but well-formed action for the page: mostly clicks on a random bid, sometimes fill,
+    select_option, press, check, hover, scroll, noop, or a click on a bid the page lacks (an error).
+    The world model must also learn failures and no-ops, not only the expert's path."""
+    nodes = [(n.bid, n.role, n.name) for n in read_tree(as_state(obs)["axtree"]) if n.bid is not None and n.role]
+    names = [n for _, _, n in nodes if n] or _WORDS
+    texts = [b for b, r, _ in nodes if r in _TEXT_ROLES]
+    selects = [b for b, r, _ in nodes if r in ("combobox", "listbox")]
+    options = [n for _, r, n in nodes if r == "option" and n]
+    boxes = [b for b, r, _ in nodes if r in ("checkbox", "radio", "switch")]
+    r = rng.random()
+    if not nodes or r < 0.04:
+        return rng.choice(["noop()", "scroll(0, 200)", "scroll(0, -200)"])
+    if r < 0.08:
+        return f"click('{max(int(re.sub('[^0-9]', '', b) or 0) for b, _, _ in nodes) + rng.randint(1, 50)}')"
+    if r < 0.28 and texts:
+        return f"fill({rng.choice(texts)!r}, {rng.choice(_WORDS + names)!r})"
+    if r < 0.34 and selects and options:
+        return f"select_option({rng.choice(selects)!r}, {rng.choice(options)!r})"
+    if r < 0.38:
+        return f"press({rng.choice(nodes)[0]!r}, {rng.choice(['Enter', 'Tab', 'a'])!r})"
+    if r < 0.44 and boxes:
+        return f"{rng.choice(['check', 'uncheck'])}({rng.choice(boxes)!r})"
+    if r < 0.48:
+        return f"{rng.choice(['hover', 'focus', 'dblclick'])}({rng.choice(nodes)[0]!r})"
+    return f"click({rng.choice(nodes)[0]!r})"
+
+
+def _obs_record(o: Obs) -> dict:
+    return {"url": o.url, "axtree": o.axtree, "error": o.error}
+
+
+def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy_fn=None, random_frac: float = 0.3,
+                        max_steps: int = 6, progress: bool = False, rng_seed: int = 0) -> dict:
+    """Run real env.WebEnv episodes and append one JSON line per transition to `path`.
+
+    Each step takes a random valid action (`random_action`) with probability `random_frac`, else
+    `policy_fn(task, obs) -> text` if given, else the scripted expert (experts.expert_action; a
+    random action where the expert cannot read the page). Which seeds (train or held-out) is the
+    caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
+    Record: {task, seed, step, goal, obs: {url, axtree, error}, action, source (expert|policy|random),
+    next_obs, delta, reward, done, success, truncated}. Returns counts {transitions, episodes,
+    success, env_error, random}.
+    """
+    from tqdm import tqdm
+
+    from env import WebEnv
+
+    expert_action = None
+    if policy_fn is None:
+        import experts  # lazily: experts.py imports the browser stack and is optional here
+
+        expert_action = experts.expert_action
+    counts = Counter()
+    bar = tqdm(total=len(tasks) * len(seeds), disable=not progress, desc="transitions")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        for task in tasks:
+            env = WebEnv(task, max_steps=max_steps)
+            try:
+                for seed in seeds:
+                    rng = random.Random(f"{rng_seed}-{task}-{seed}")
+                    obs = env.reset(seed)
+                    counts["episodes"] += 1
+                    done = obs.env_error
+                    counts["env_error"] += int(done)
+                    while not done:
+                        source = "random"
+                        text = None
+                        if rng.random() >= random_frac:
+                            try:
+                                text = policy_fn(task, obs) if policy_fn else expert_action(task, obs, rng)
+                                source = "policy" if policy_fn else "expert"
+                            except Exception as e:  # an expert that cannot read the page: act randomly
+                                logger.debug("expert failed on %s seed %s: %s", task, seed, e)
+                        if text is None:
+                            text = random_action(obs, rng)
+                        nxt, reward, done, info = env.step(text)
+                        if info["env_error"]:
+                            counts["env_error"] += 1
+                            break
+                        terminated = done and not info["truncated"]
+                        rec = {"task": task, "seed": seed, "step": env.t - 1, "goal": obs.goal,
+                               "obs": _obs_record(obs), "action": info["action"] or text, "source": source,
+                               "next_obs": _obs_record(nxt),
+                               "delta": diff(obs, nxt, done_status(info["success"], terminated)),
+                               "reward": reward, "done": done, "success": info["success"],
+                               "truncated": info["truncated"]}
+                        f.write(json.dumps(rec) + "\n")
+                        counts["transitions"] += 1
+                        counts["random"] += int(source == "random")
+                        counts["success"] += int(info["success"])
+                        obs = nxt
+                    bar.update(1)
+            finally:
+                env.close()
+    bar.close()
+    return dict(counts)
+
+
+def load_transitions(path: str) -> list[dict]:
+    """The records of a transitions file (runlog.read_jsonl: a cut last line is skipped)."""
+    return read_jsonl(path)
+
+
+def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
+    """Distinct pre-action states {task, goal, url, axtree, seed, prefix} of real transitions (every
+    stage of an episode, not only its first page), in first-seen order; only `task`'s when given.
+
+    seed and prefix (the actions taken on that seed since reset, in order) say how to reach the
+    state again on real pages (`replay`). Transitions must be in file order: an episode's steps
+    consecutive, starting at step 0 (collect_transitions writes them so)."""
+    seen, out, prefix = set(), [], {}
+    for t in transitions:
+        key_ep = (t["task"], t.get("seed"))
+        if t.get("step", 0) == 0:
+            prefix[key_ep] = []
+        actions = prefix.setdefault(key_ep, [])
+        if task is None or t["task"] == task:
+            key = (t["task"], t["goal"], t["obs"]["url"], t["obs"]["axtree"])
+            if key not in seen:
+                seen.add(key)
+                out.append({"task": t["task"], "goal": t["goal"], "url": t["obs"]["url"], "axtree": t["obs"]["axtree"],
+                            "seed": t.get("seed"), "prefix": list(actions)})
+        actions.append(t["action"])
+    return out
+
+
+def pick_start_state(states: list[dict], seed: int, task: str | None = None) -> dict:
+    """The start state a dream of (task, seed) begins from: deterministic in the seed, so that
+    DreamEnv.reset and a later replay on real pages agree. Raises ValueError if `task` has none."""
+    pool = states if task is None else [s for s in states if s.get("task") == task]
+    if not pool:
+        raise ValueError(f"no start state of task {task!r}")
+    return pool[random.Random(seed).randrange(len(pool))]
+
+
+def replay(start: dict, actions: list[str], *, env=None, max_steps: int = 30) -> dict:
+    """Replay a dream's actions on real pages: reset `start`'s seed, take its prefix actions, check
+    that the page equals the start state, then take `actions` one by one (untrusted model text:
+    env.step parses it, never executes it). Stops when the real episode ends.
+
+    Returns {start_match: bool (the real page after the prefix equals start's tree and URL),
+    observations: [real Obs text after each action taken], states: [real {url, axtree, error}],
+    success: bool (real full-credit success), reward, steps (real browser steps, prefix included),
+    env_error: bool}. Opens a WebEnv unless `env` (a WebEnv) is given; an env it opened is closed.
+    """
+    from env import WebEnv
+
+    own = env is None
+    env = env or WebEnv(start["task"], max_steps=max_steps)
+    res = {"start_match": False, "observations": [], "states": [], "success": False, "reward": 0.0, "steps": 0,
+           "env_error": False}
+    try:
+        obs = env.reset(start["seed"], task=start["task"])
+        if obs.env_error:
+            res["env_error"] = True
+            return res
+        done = False
+        for a in start.get("prefix", []):
+            obs, _, done, info = env.step(a)
+            res["steps"] += 1
+            if info.get("env_error"):
+                res["env_error"] = True
+                return res
+            if done:
+                break
+        res["start_match"] = not done and obs.url == start["url"] and obs.axtree == start["axtree"]
+        if done:
+            return res
+        for a in actions:
+            obs, reward, done, info = env.step(a)
+            res["steps"] += 1
+            res["observations"].append(obs.text)
+            res["states"].append(_obs_record(obs))
+            if info.get("env_error"):
+                res["env_error"] = True
+                return res
+            if done:
+                res.update(success=bool(info["success"]), reward=float(reward))
+                break
+    finally:
+        if own:
+            env.close()
+    return res
+
+def episodes_of(transitions: list[dict]) -> list[list[dict]]:
+    """Split transitions (in file order) into episodes: a new one at every step 0."""
+    eps = []
+    for t in transitions:
+        if t.get("step", 0) == 0 or not eps or (eps[-1][-1]["task"], eps[-1][-1]["seed"]) != (t["task"], t["seed"]):
+            eps.append([])
+        eps[-1].append(t)
+    return eps
