@@ -5,6 +5,7 @@
     python bench.py --only compression    # prompt tokens per turn and training-step memory, with/without compression
     python bench.py --only chaos          # a rollout in which a tenth of the browsers are killed at random
     python bench.py --only padding        # BC micro-batches: padded tokens, random order vs sorted by length (no model)
+    python bench.py --only generation     # a group's first turn: G identical prompts with and without a shared prefill
     python bench.py --only workers        # threads vs processes (rollout.EnvPool): env alone, then full rollouts
                                           # (only on request; --env-only skips the rollouts with the policy)
 
@@ -37,6 +38,7 @@ import generators
 import supervised
 import watchdog
 from rollout import EnvPool, EnvProcess, rollout
+from runlog import read_jsonl
 
 
 def log(*a):
@@ -284,10 +286,58 @@ def bc_padding(demos: str, epochs: float = 2.0, batch_size: int = 32, micro_batc
     return out
 
 
+def first_turn_prompts(tok, demos: str, n: int, prompt: compress.PromptSettings) -> list[list[int]]:
+    """The first-turn prompts of n demonstrations of different tasks (what a group's G members see)."""
+    out, seen = [], set()
+    for t in read_jsonl(demos):
+        if t["task"] not in seen:
+            seen.add(t["task"])
+            out.append(prompt.build(tok, [], t["turns"][0]["observation"]))
+    return out[:n]
+
+
+def bench_generation(model, tok, prompts: list[list[int]], groups=(1, 4, 8), max_new_tokens: int = 32,
+                     repeats: int = 2) -> list[dict]:
+    """Seconds to sample G replies to one prompt (temperature 1), with the prompt prefilled once and
+    its KV cache shared (policy.generate's default) or prefilled G times, and with Hugging Face's
+    own generate for reference; the mean over `prompts` and `repeats`, and tokens sampled."""
+    import torch
+
+    rows = []
+    for g in groups:
+        for mode in ("shared", "separate", "hf-generate"):
+            if g == 1 and mode == "separate":  # (the same thing)
+                continue
+            t_sum, toks, n = 0.0, 0, 0
+            for _ in range(repeats):
+                for p in prompts:
+                    t0 = time.perf_counter()
+                    if mode == "hf-generate":
+                        ids = torch.tensor([p] * g)
+                        with torch.no_grad():
+                            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                                 eos_token_id=policy.stop_ids(tok), pad_token_id=tok.pad_token_id)
+                        toks += int((out[:, len(p):] != tok.pad_token_id).sum())
+                    else:
+                        samples = policy.generate(model, tok, [p] * g, max_new_tokens=max_new_tokens, temperature=1.0,
+                                                  share_prefill=mode == "shared")
+                        toks += sum(len(s.ids) for s in samples)
+                    t_sum += time.perf_counter() - t0
+                    n += 1
+            rows.append({"G": g, "mode": mode, "s_per_group": t_sum / n, "tokens_per_group": toks / n,
+                         "prompt_tokens": sum(len(p) for p in prompts) / len(prompts)})
+    one = next(r["s_per_group"] for r in rows if r["G"] == 1 and r["mode"] == "shared")
+    for r in rows:
+        r["vs_one_prompt"] = r["s_per_group"] / one
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model)")
-    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding"], default=None, help="run one part")
+    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding", "generation"], default=None,
+                   help="run one part")
     p.add_argument("--tasks", default="click-button,click-link,enter-text,login-user", help="tasks of the rollout benchmarks")
     p.add_argument("--episodes-per-task", type=int, default=8, help="episodes per task and N")
     p.add_argument("--ns", default="1,2,4,8", help="numbers of concurrent browsers to compare")
@@ -310,6 +360,8 @@ def main():
     tasks = a.tasks.split(",")
     ns = [int(x) for x in a.ns.split(",")]
     model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
+    think = bool(a.ckpt) and os.path.exists(os.path.join(a.ckpt, "webdream.json")) and \
+        json.load(open(os.path.join(a.ckpt, "webdream.json"))).get("think", False)
     os.makedirs(a.out, exist_ok=True)
     md, res = [f"policy: {a.ckpt or 'base model'}, tasks {a.tasks}, {os.cpu_count()} CPU cores", ""], {}
     if a.only in (None, "rollout"):
@@ -324,6 +376,16 @@ def main():
                f"{ceiling['steps_per_s']:.2f} actions/s, {ceiling['tokens_per_s']:.0f} tokens/s; rollout at N={max(ns)} reaches "
                f"{rows[-1]['steps_per_s'] / ceiling['steps_per_s']:.0%} of it.",
                f"generation tokens/s: one prompt at a time {gen['one_at_a_time_tok_s']:.1f}, batched 16 {gen['batched_16_tok_s']:.1f}", ""]
+    if a.only in (None, "generation"):
+        prompts = first_turn_prompts(tok, "runs/demos.jsonl", 6, compress.PromptSettings(think=think))
+        rows = bench_generation(model, tok, prompts, max_new_tokens=64 if think else 32)
+        res["generation_groups"] = rows
+        md += ["| G | prefill | s per group | vs one prompt | tokens sampled | prompt tokens |", "|---|---|---|---|---|---|"]
+        md += [f"| {r['G']} | {r['mode']} | {r['s_per_group']:.3f} | {r['vs_one_prompt']:.2f}x | {r['tokens_per_group']:.1f} | "
+               f"{r['prompt_tokens']:.0f} |" for r in rows]
+        md += ["", "a group's first turn: G samples (temperature 1) of one first-turn prompt, 6 tasks' prompts x 2 repeats; "
+               "shared = one prefill whose KV cache is copied to the G replies (policy.generate), separate = G prefills, "
+               "hf-generate = Hugging Face's generate on G copies", ""]
     if a.only in (None, "compression"):
         rows, mem = bench_compression(tok, a.ckpt)
         res["compression"], res["memory"] = rows, mem

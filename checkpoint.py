@@ -87,6 +87,33 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
     distributed.barrier(world)
 
 
+# The prompt format a model is trained with, stored with each checkpoint (webdream.json), and what a
+# model without one (the base model, --tiny) gets. max_new_tokens None: 64 with think, else 32.
+PROMPT_DEFAULTS = {"think": True, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024, "max_steps": 6,
+                   "max_new_tokens": None}
+
+
+def trained_settings(path: str | None) -> dict:
+    """The prompt settings a checkpoint folder was trained with (its webdream.json), {} when it has none."""
+    f = os.path.join(path, "webdream.json") if path else ""
+    if not f or not os.path.exists(f):
+        return {}
+    with open(f) as fh:
+        return {k: v for k, v in json.load(fh).items() if k in PROMPT_DEFAULTS}
+
+
+def resolve_prompt_settings(args, path: str | None) -> None:
+    """Fill every prompt flag left at None in `args` (argparse namespace) with the value checkpoint `path`
+    was trained with, else PROMPT_DEFAULTS: a checkpoint is prompted the way it was trained unless a
+    flag says otherwise."""
+    trained = trained_settings(path)
+    for k, v in PROMPT_DEFAULTS.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, trained.get(k, v))
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 64 if args.think else 32
+
+
 def latest_checkpoint(out: str) -> str | None:
     """The folder out/latest names, or None when there is none."""
     try:

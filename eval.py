@@ -28,6 +28,7 @@ import time
 
 import torch
 
+import checkpoint
 import compress
 import env as webenv
 import generators
@@ -131,7 +132,8 @@ def main(argv=None):
     p.add_argument("--keep-last", type=int, default=None, help="observations kept in full (default: as trained, else 1)")
     p.add_argument("--no-compress", action="store_true", default=None, help="keep every observation in full (default: as trained)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="token budget of a prompt (default: as trained, else 1024)")
-    p.add_argument("--think", action="store_true", default=None, help="ask for a <think> block before the action (default: as trained)")
+    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                   help="a <think> block before the action (default: as trained; the base model: think)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the model runs")
     p.add_argument("--bf16", type=int, default=0, help="bf16 autocast for generation (1/0); slower than fp32 on CPU")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval or runs/eval-base)")
@@ -157,15 +159,7 @@ def main(argv=None):
     if not 1 <= args.seeds <= len(webenv.EVAL_SEEDS):
         p.error(f"--seeds must be between 1 and {len(webenv.EVAL_SEEDS)}")
     # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
-    trained = {}
-    if args.ckpt and os.path.exists(os.path.join(args.ckpt, "webdream.json")):
-        with open(os.path.join(args.ckpt, "webdream.json")) as f:
-            trained = json.load(f)
-    defaults = {"max_steps": 6, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024, "think": False,
-                "max_new_tokens": 32}
-    for k, v in defaults.items():
-        if getattr(args, k) is None:
-            setattr(args, k, trained.get(k, 64 if k == "max_new_tokens" and args.think else v))  # (think is set first)
+    checkpoint.resolve_prompt_settings(args, args.ckpt)
     out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
     os.makedirs(out, exist_ok=True)
     model, tok = policy.load_model(args.ckpt or args.model, device=args.device)

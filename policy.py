@@ -181,52 +181,80 @@ class Sample:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int = 32,
-             temperature: float = 1.0, batch_size: int = 16, bf16: bool = False) -> list[Sample]:
-    """Sample one reply per prompt, batched.
+def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int = 32, temperature: float = 1.0,
+             batch_size: int = 16, bf16: bool = False, share_prefill: bool = True) -> list[Sample]:
+    """Sample one reply per prompt, batched: prefill, then one token at a time with a KV cache.
 
-    prompts: token id lists (already rendered through the chat template).
-    temperature 0 means greedy. Sampling uses the full distribution (no top-k/top-p), so the
+    prompts: token id lists (already rendered through the chat template). temperature 0 is greedy.
+    Each token is drawn from softmax(logits / T) over the full vocabulary (no top-k/top-p), so the
     stored log-probs, log softmax(logits / T), are exactly what `token_logprobs(..., temperature=T)`
-    recomputes. Generation stops at any id of `stop_ids(tokenizer)`; nothing after it is kept.
+    recomputes. A reply stops at any id of `stop_ids(tokenizer)`; nothing after it is kept.
+
+    share_prefill: identical prompts (the G members of a group on their first page) are prefilled
+    once: one forward pass over the distinct prompt, its KV cache then copied to each of its replies.
+    The replies' distribution and log-probs are those of separate prefills (to float rounding).
+    At most `batch_size` replies decode together; their distinct prompts prefill together.
     """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     model.eval()
-    stops = stop_ids(tokenizer)
     device = next(model.parameters()).device
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths: less padding
+    stops = torch.tensor(stop_ids(tokenizer), device=device)
+    pad = tokenizer.pad_token_id
+    distinct: dict = {}  # prompt -> indices of the replies it needs
+    for i, p in enumerate(prompts):
+        distinct.setdefault(tuple(p) if share_prefill else i, []).append(i)
+    # similar lengths pad less; a prompt with more replies than batch_size is prefilled once per chunk
+    work = sorted(((prompts[idx[0]], idx[k:k + batch_size]) for idx in distinct.values()
+                   for k in range(0, len(idx), batch_size)), key=lambda w: len(w[0]))
+    chunks, cur = [], []
+    for w in work:
+        if cur and sum(len(c[1]) for c in cur) + len(w[1]) > batch_size:
+            chunks.append(cur)
+            cur = []
+        cur.append(w)
+    chunks += [cur] if cur else []
     results: dict[int, Sample] = {}
-    for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
-        ids, mask = left_pad([prompts[i] for i in idx], tokenizer.pad_token_id)
+    for chunk in chunks:
+        ids, mask = left_pad([p for p, _ in chunk], pad)
         ids, mask = ids.to(device), mask.to(device)
-        # synced_gpus=False: each rank generates on its own (HF would otherwise sync every step of an
-        # FSDP model across ranks); a sharded model must be inside `full_params` (HFGenerator checks).
-        kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, eos_token_id=stops,
-                  pad_token_id=tokenizer.pad_token_id, output_logits=True, return_dict_in_generate=True,
-                  top_k=0, top_p=1.0, synced_gpus=False)
-        if temperature > 0:
-            kw["temperature"] = temperature
         with autocast(device, bf16):
-            g = model.generate(input_ids=ids, attention_mask=mask, **kw)
-        new = g.sequences[:, ids.shape[1]:]  # (B, L)
-        logits = torch.stack(g.logits, 1).float()  # (B, L, V) raw logits
-        if temperature > 0:
-            logits = logits / temperature
-        logp_all = torch.log_softmax(logits, -1)  # (B, L, V)
-        lp = logp_all.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, L)
-        ent = -(logp_all.exp() * logp_all).sum(-1)  # (B, L) entropy of each position's distribution
-        for row, i in enumerate(idx):
-            toks = new[row].tolist()
-            n = len(toks)
-            for j, t in enumerate(toks):
-                if t in stops:
-                    n = j + 1
-                    break
-            toks = toks[:n]
-            truncated = not toks or toks[-1] not in stops
-            results[i] = Sample(ids=toks, logprobs=lp[row, :n].tolist(),
-                                text=tokenizer.decode(toks, skip_special_tokens=True),
-                                truncated=truncated, entropy=float(ent[row, :n].mean()) if n else 0.0)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+                        logits_to_keep=1)
+        rows = [i for _, idx in chunk for i in idx]
+        expand = torch.tensor([k for k, (_, idx) in enumerate(chunk) for _ in idx], device=device)
+        cache = out.past_key_values
+        if len(rows) != len(chunk):
+            cache.batch_select_indices(expand)  # each distinct prompt's KV, once per reply
+        mask = mask[expand]
+        logits = out.logits[:, -1].float()[expand]  # (B, V)
+        B = len(rows)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        toks, lps, ents = [], [], []
+        for t in range(max_new_tokens):
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, -1)  # (B, V)
+            nxt = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logits.argmax(-1)  # (B,)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            toks.append(nxt)
+            lps.append(logp.gather(-1, nxt[:, None]).squeeze(1))
+            ents.append(-(logp.exp() * logp).sum(-1))
+            done = done | torch.isin(nxt, stops)
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], 1)
+            with autocast(device, bf16):
+                out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                            past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1].float()
+        new, lp, ent = torch.stack(toks, 1).tolist(), torch.stack(lps, 1), torch.stack(ents, 1)  # (B, L)
+        stop_set = set(stops.tolist())
+        for row, i in enumerate(rows):
+            n = next((j + 1 for j, x in enumerate(new[row]) if x in stop_set), len(new[row]))
+            ids_i = new[row][:n]
+            results[i] = Sample(ids=ids_i, logprobs=lp[row, :n].tolist(),
+                                text=tokenizer.decode(ids_i, skip_special_tokens=True),
+                                truncated=not ids_i or ids_i[-1] not in stop_set,
+                                entropy=float(ent[row, :n].mean()) if n else 0.0)
     return [results[i] for i in range(len(prompts))]
 
 

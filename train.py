@@ -98,11 +98,14 @@ def parse_args(argv=None):
     g.add_argument("--demos", default="runs/demos.jsonl", help="bc: expert trajectories (python experts.py)")
     g.add_argument("--transitions", default="runs/transitions.jsonl", help="wm: real transitions (python world_model.py --collect)")
     g.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
-    g.add_argument("--max-steps", type=int, default=6, help="turns per episode (test-time interaction budget)")
-    g.add_argument("--keep-last", type=int, default=1, help="observations kept in full, the current one included")
-    g.add_argument("--no-compress", action="store_true", help="ablation: keep every observation in full")
-    g.add_argument("--max-prompt-tokens", type=int, default=1024, help="token budget of a prompt")
-    g.add_argument("--think", action="store_true", help="ask for a <think> block before the action")
+    # prompt format: default as the --init checkpoint was trained (its webdream.json), else checkpoint.PROMPT_DEFAULTS
+    g.add_argument("--max-steps", type=int, default=None, help="turns per episode (test-time interaction budget; default 6)")
+    g.add_argument("--keep-last", type=int, default=None, help="observations kept in full, the current one included (default 1)")
+    g.add_argument("--no-compress", action="store_true", default=None, help="ablation: keep every observation in full")
+    g.add_argument("--max-prompt-tokens", type=int, default=None, help="token budget of a prompt (default 1024)")
+    g.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                   help="a <think> block before the action (the default; in BC the expert's action gets a grounded "
+                        "thought); --no-think: the action alone")
     g = p.add_argument_group("RL (real mode)")
     g.add_argument("--iterations", type=int, default=10, help="rollout + update iterations")
     g.add_argument("--groups-per-iter", type=int, default=8, help="groups (task, seed) per iteration, all ranks")
@@ -113,7 +116,7 @@ def parse_args(argv=None):
                         "dream mode always uses threads (the world model is shared in-process)")
     g.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung page ends its episode as env_error")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default 32; 64 with --think)")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default 64 with --think, else 32)")
     g.add_argument("--loss", choices=["mgrpo", "gspo"], default=None,
                    help="token-level M-GRPO or sequence-level GSPO (default: mgrpo in real mode, gspo in dream mode)")
     g.add_argument("--clip-low", type=float, default=None, help="ratio clip below 1 (default 0.2 mgrpo, 3e-4 gspo)")
@@ -150,6 +153,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     # derived values and checks, right after parsing
     args.out = args.out or os.path.join("runs", args.mode)
+    # a run's own checkpoint when resumed, else the one it starts from
+    checkpoint.resolve_prompt_settings(args, (checkpoint.latest_checkpoint(args.out) if args.resume else None) or args.init)
     args.tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in args.tasks if t not in webenv.TASKS]
     if unknown:
@@ -188,8 +193,6 @@ def parse_args(argv=None):
         args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
     if args.clip_high is None:
         args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
-    if args.max_new_tokens is None:
-        args.max_new_tokens = 64 if args.think else 32
     args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
                                           max_tokens=args.max_prompt_tokens, think=args.think)
     # what eval.py needs to prompt a checkpoint the way it was trained (webdream.json)

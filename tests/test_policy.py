@@ -61,3 +61,42 @@ def test_response_mask_comes_from_lengths_not_pad_ids(tok):
     ids, mask, rm, L = policy.response_batch([[1, 5, 6], [1, 5]], [[9, eos], [eos]], tok.pad_token_id)
     assert L == 2 and rm.tolist() == [[1.0, 1.0], [0.0, 1.0]]
     assert ids[1].tolist() == [eos, eos, 1, 5, eos] and mask[1].tolist() == [0, 0, 1, 1, 1]
+
+
+def test_shared_prefill_gives_the_same_replies_and_logprobs_as_separate_prefills(tok, model, prompts):
+    # a group's first turn: G identical prompts, beside other prompts, at temperature 1 and greedy
+    ps = [prompts[0]] * 4 + [prompts[1]] * 3 + [prompts[0] + prompts[1][-5:]]
+    rows = []  # the batch size of every forward pass
+    hook = model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        for temperature in (1.0, 0.0):
+            torch.manual_seed(7)
+            rows.clear()
+            shared = policy.generate(model, tok, ps, max_new_tokens=10, temperature=temperature, share_prefill=True)
+            assert rows[0] == 3  # one prefill row per distinct prompt, then 8 decoding rows
+            assert all(r == len(ps) for r in rows[1:])
+            torch.manual_seed(7)
+            rows.clear()
+            alone = policy.generate(model, tok, ps, max_new_tokens=10, temperature=temperature, share_prefill=False)
+            assert rows[0] == len(ps)
+            for a, b in zip(shared, alone):  # the same draws from the same distribution
+                assert a.ids == b.ids and a.truncated == b.truncated
+                assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+                assert abs(a.entropy - b.entropy) < 1e-5
+    finally:
+        hook.remove()
+    # and the shared replies' log-probs are what scoring recomputes: softmax(logits / T) itself
+    torch.manual_seed(3)
+    samples = policy.generate(model, tok, ps, max_new_tokens=10, temperature=0.7)
+    ids, mask, _, L = policy.response_batch(ps, [s.ids for s in samples], tok.pad_token_id)
+    with torch.no_grad():
+        lp = policy.token_logprobs(model, ids, mask, L, temperature=0.7)
+    for j, s in enumerate(samples):
+        assert torch.allclose(lp[j, L - len(s.ids):], torch.tensor(s.logprobs), atol=1e-5)
+
+
+def test_identical_prompts_sample_independently(tok, model, prompts):
+    # copies of one prompt share a prefill, not their draws: 16 samples of 8 tokens are not all equal
+    torch.manual_seed(0)
+    samples = policy.generate(model, tok, [prompts[0]] * 16, max_new_tokens=8, temperature=1.0)
+    assert len({tuple(s.ids) for s in samples}) > 8

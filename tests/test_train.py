@@ -199,7 +199,8 @@ def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
     assert args.max_new_tokens == 64 and "<think>" in args.prompt.system
     prompt, reply = supervised.bc_samples(args.demos, tok, args)[0]
     assert tok.decode(reply) == "<think>Click the button 'b0' [12].</think>click('12')" + tok.eos_token
-    direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button"])
+    assert train.parse_args(["--mode", "bc", "--demos", demos]).think  # the default format
+    direct = train.parse_args(["--mode", "bc", "--demos", demos, "--tasks", "click-button", "--no-think"])
     assert direct.max_new_tokens == 32
     assert tok.decode(supervised.bc_samples(direct.demos, tok, direct)[0][1]) == "click('12')" + tok.eos_token
 
