@@ -180,6 +180,19 @@ class Sample:
     entropy: float | None = None
 
 
+def _cache_kwarg(model) -> str:
+    """The forward argument that takes the KV cache: `cache` (transformers 5.2x) or `past_key_values` (older)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(out):
+    """The KV cache a forward pass returned, under either name."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int = 32, temperature: float = 1.0,
              batch_size: int = 16, bf16: bool = False, share_prefill: bool = True) -> list[Sample]:
@@ -201,6 +214,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
     device = next(model.parameters()).device
     stops = torch.tensor(stop_ids(tokenizer), device=device)
     pad = tokenizer.pad_token_id
+    cache_kw = _cache_kwarg(model)
     distinct: dict = {}  # prompt -> indices of the replies it needs
     for i, p in enumerate(prompts):
         distinct.setdefault(tuple(p) if share_prefill else i, []).append(i)
@@ -223,7 +237,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
                         logits_to_keep=1)
         rows = [i for _, idx in chunk for i in idx]
         expand = torch.tensor([k for k, (_, idx) in enumerate(chunk) for _ in idx], device=device)
-        cache = out.past_key_values
+        cache = _cache_of(out)
         if len(rows) != len(chunk):
             cache.batch_select_indices(expand)  # each distinct prompt's KV, once per reply
         mask = mask[expand]
@@ -244,8 +258,8 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], 1)
             with autocast(device, bf16):
                 out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                            past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()
+                            use_cache=True, **{cache_kw: cache})
+            cache, logits = _cache_of(out), out.logits[:, -1].float()
         new, lp, ent = torch.stack(toks, 1).tolist(), torch.stack(lps, 1), torch.stack(ents, 1)  # (B, L)
         stop_set = set(stops.tolist())
         for row, i in enumerate(rows):
