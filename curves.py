@@ -19,6 +19,10 @@ Eval success, per run: the mean success and its 95% Wilson interval of eval.py's
   - every --eval [LABEL:]STEP=PATH (a results.json, its eval folder or its checkpoint; LABEL may be left out
     when there is one run). One point per iteration: --eval wins over final, final over step-XXXXXX.
 Real steps of an eval point are "env/real_steps" at its step in metrics.jsonl.
+
+In-run evaluations (train.py --eval-every: greedy success on a fixed subset of eval seeds, logged as
+"eval/success" with its interval "eval/ci_low".."eval/ci_high" and "eval/n") are a second series,
+dashed, in the same panels.
 """
 from __future__ import annotations
 
@@ -97,6 +101,15 @@ def eval_points(run: str, train: list[dict], extra: list[tuple[int, str]]) -> li
     return pts
 
 
+def subset_points(run: str, train: list[dict]) -> list[dict]:
+    """[{iteration, real_steps, success, lo, hi, n}] of the in-run evaluations in RUN/metrics.jsonl."""
+    steps = {p["iteration"]: p["real_steps"] for p in train}
+    by_step = {int(r["step"]): r for r in read_metrics(os.path.join(run, "metrics.jsonl")) if "eval/success" in r}
+    return [{"iteration": it, "real_steps": 0 if it == 0 else steps.get(it), "success": r["eval/success"],
+             "lo": r.get("eval/ci_low", r["eval/success"]), "hi": r.get("eval/ci_high", r["eval/success"]),
+             "n": int(r.get("eval/n", 0))} for it, r in sorted(by_step.items())]
+
+
 def parse_eval(spec: str, labels: list[str]) -> tuple[str, int, str]:
     """'[LABEL:]STEP=PATH' -> (label, step, path)."""
     left, sep, path = spec.partition("=")
@@ -131,11 +144,14 @@ def plot(runs: dict, out: str) -> list[str]:
                     what = "world-model reward in dreams" if r["dream"] else "reward on real pages"
                     ax.plot(xs, [p["ma3"] for p in pts], color=c, lw=2, label=f"{label} ({what})")
                 else:
-                    pts = [p for p in r["eval"] if p[xkey] is not None]
-                    ys = [100 * p["success"] for p in pts]
-                    err = [[y - 100 * p["lo"] for y, p in zip(ys, pts)], [100 * p["hi"] - y for y, p in zip(ys, pts)]]
-                    ax.errorbar([p[xkey] for p in pts], ys, yerr=err, color=c, marker="o", ms=4, capsize=3,
-                                label=f"{label} (95% CI)")
+                    for key, style, what in (("eval", "-", "eval.py"), ("subset", "--", "in-run, greedy subset")):
+                        pts = [p for p in r.get(key, []) if p[xkey] is not None]
+                        if not pts:
+                            continue
+                        ys = [100 * p["success"] for p in pts]
+                        err = [[y - 100 * p["lo"] for y, p in zip(ys, pts)], [100 * p["hi"] - y for y, p in zip(ys, pts)]]
+                        ax.errorbar([p[xkey] for p in pts], ys, yerr=err, color=c, marker="o", ms=4, capsize=3, ls=style,
+                                    label=f"{label}, {what} (n={pts[-1]['n']}, 95% CI)")
         axes[0].set_xlabel("iteration")
         axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[1].set_xlabel("real browser steps (env/real_steps)")
@@ -161,6 +177,8 @@ def table(runs: dict) -> str:
               "|---|---|---|---|---|---|"]
     lines += [f"| {label} | {p['checkpoint']} | {p['iteration']} | {f(p['real_steps'], 'd')} | {p['success']:.1%} "
               f"({p['lo']:.1%}-{p['hi']:.1%}) | {p['n']} |" for label, r in runs.items() for p in r["eval"]]
+    lines += [f"| {label} | in-run subset | {p['iteration']} | {f(p['real_steps'], 'd')} | {p['success']:.1%} "
+              f"({p['lo']:.1%}-{p['hi']:.1%}) | {p['n']} |" for label, r in runs.items() for p in r.get("subset", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +197,7 @@ def main(argv=None):
     runs = {}
     for label, run in zip(labels, args.runs):
         train, dream = train_points(run)
-        runs[label] = {"run": run, "dream": dream, "train": train,
+        runs[label] = {"run": run, "dream": dream, "train": train, "subset": subset_points(run, train),
                        "eval": eval_points(run, train, [(s, p) for lab, s, p in extra if lab == label])}
     os.makedirs(args.out, exist_ok=True)
     paths = plot(runs, args.out)

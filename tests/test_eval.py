@@ -53,3 +53,35 @@ def test_compare_counts_only_the_episodes_every_run_has(tmp_path, capsys):
     c = write("c", [("z", 9, True, 1)])
     with pytest.raises(ValueError, match="share no"):
         webeval.compare([("a", a), ("c", c)])
+
+
+def test_paired_difference_and_mcnemar_by_hand(tmp_path):
+    import math
+
+    # 300 shared episodes: 17 gained, 10 lost (the README's first M-GRPO run), the rest equal
+    a = {("t", i): i < 184 for i in range(300)}
+    b = {("t", i): (i < 174) or (184 <= i < 201) for i in range(300)}
+    p = stats.paired(a, b)
+    assert (p["n"], p["gained"], p["lost"]) == (300, 17, 10)
+    assert abs(p["diff"] - 7 / 300) < 1e-12
+    half = 1.96 * math.sqrt(27 - 49 / 300) / 300  # Wald interval of a paired difference
+    assert abs(p["ci95"][0] - (7 / 300 - half)) < 1e-12 and abs(p["ci95"][1] - (7 / 300 + half)) < 1e-12
+    assert abs(p["p"] - 2 * sum(math.comb(27, k) for k in range(11)) / 2 ** 27) < 1e-12  # exact McNemar, 0.248
+    assert round(p["p"], 2) == 0.25 and round(100 * p["ci95"][0], 2) == -1.05 and round(100 * p["ci95"][1], 1) == 5.7
+    assert stats.mcnemar_exact(0, 0) == 1.0 and stats.mcnemar_exact(5, 0) == 2 / 32
+
+
+def test_compare_prints_the_paired_difference(tmp_path, capsys):
+    import json
+
+    def write(name, wins):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "trajectories.jsonl").write_text("".join(
+            json.dumps({"task": "x", "seed": s, "success": s in wins, "env_error": False, "steps": 1}) + "\n"
+            for s in range(10)))
+        return str(d)
+    webeval.main(["--compare", f"BC={write('a', {0, 1, 2})}", f"RL={write('b', {0, 1, 2, 3, 4, 5, 6})}"])
+    out = capsys.readouterr().out
+    # 4 gained, none lost, of 10: +40 points; Wald half-width 1.96 * sqrt(4 - 16/10) / 10; McNemar 2/16
+    assert "| RL | 10 | 4 | 0 | +40.0 points (+9.6 to +70.4) | 0.125 |" in out
