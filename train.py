@@ -320,8 +320,10 @@ def train_real(args, model, tok, opt, gen, logger, it: int, extra: dict, rank: i
             pool.set_env_attr("screenshots", rank == 0 and report.due(args.report_every, it + 1, args.iterations))
             with distributed.full_params(model, opt):  # --fsdp: every rank holds the full weights through rollout and update
                 trajs, rolled, rstats = collect(args, cur, gen, tok, pool, it, rank, world)
+                t_update = time.time()
                 lstats = update.policy_update(model, opt, tok, trajs, cfg, device, world, ref=ref,
                                               seed=args.seed * 1_000_003 + it)
+                lstats["perf/update_s"] = time.time() - t_update
             gen.push_weights(model)  # the next rollout samples from the updated policy
             cur.merge(world)
             it += 1

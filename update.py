@@ -122,7 +122,8 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
     if trained and (n_updates > 1 or ref is not None):
         model.eval()
         with torch.no_grad():
-            for mb in micro_batches(trained, by_traj, cfg.micro_batch):
+            by_length = sorted(trained, key=lambda i: -max(len(samples[k][1]) + len(samples[k][2]) for k in by_traj[i]))
+            for mb in micro_batches(by_length, by_traj, cfg.micro_batch):
                 batch = [samples[k] for k in mb]
                 for net, store in ((model, old), (ref, ref_lp)):
                     if net is None or (net is model and n_updates == 1):
@@ -161,7 +162,9 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 w_tok = mgrpo.token_weights(full, torch.unique(local, return_inverse=True)[1], cfg.aggregation,
                                             num_traj=n_chunk, num_tokens=tok_chunk)[:, 0]
                 w_of = dict(zip(ks, w_tok.tolist()))
-            for mb in micro_batches(run, by_traj, cfg.micro_batch):
+            # longest first: micro-batches of similar lengths pad less (the same sum, the same gradient)
+            by_length = sorted(run, key=lambda i: -max(len(samples[k][1]) + len(samples[k][2]) for k in by_traj[i]))
+            for mb in micro_batches(by_length, by_traj, cfg.micro_batch):
                 batch = [samples[k] for k in mb]
                 logp, rm, L = score(model, tok, batch, cfg.temperature, cfg.bf16, device)  # (B, L)
                 old_lp = _right_aligned([old[k] for k in mb], logp, L) if n_updates > 1 else logp.detach()
