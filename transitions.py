@@ -130,6 +130,13 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     return dict(counts)
 
 
+def delta_label(t: dict) -> str:
+    """The Δ label of a recorded transition, written by today's `delta.diff` from its two pages and its
+    outcome (so a file recorded before a change of the format, e.g. the `=` block, trains with the new
+    one); equal to t["delta"] for transitions recorded since."""
+    return diff(t["obs"], t["next_obs"], done_status(bool(t["success"]), bool(t["done"]) and not t.get("truncated")))
+
+
 def load_transitions(path: str) -> list[dict]:
     """The records of a transitions file (runlog.read_jsonl: a cut last line is skipped)."""
     return read_jsonl(path)

@@ -22,7 +22,7 @@ import policy
 from actions import ActionParseError, parse_action
 from delta import apply, as_state, delta_lines, predicted_done, predicted_status, tree_f1, tree_lines
 from env import Obs
-from transitions import collect_transitions, episodes_of, load_transitions, pick_start_state
+from transitions import collect_transitions, delta_label, episodes_of, load_transitions, pick_start_state
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Short on purpose: it is in every world-model sequence.
 WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with edits: `- REF` remove, "
-                    "`~ LINE` change, `+ REF LINE` add after REF, then `done: yes|no|fail`.")
+                    "`~ LINE` change, `+ REF LINE` add after REF, `= REF LINE` then `| LINE`s replace REF's "
+                    "subtree, then `done: yes|no|fail`.")
 
 
 def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = None) -> list[dict]:
@@ -62,7 +63,7 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
     """(prompt ids, target ids) per transition for train.py --mode wm, where the loss is
     -log p(Δ | goal, o_t, a_t) summed over the target tokens only (DynaWeb Sec. 3, Eq. 2).
 
-    target = Δ's tokens + the end-of-turn id (tokenizer.eos_token_id, as in bc_samples). A
+    target = Δ's tokens (transitions.delta_label: today's diff) + the end-of-turn id (as in bc_samples). A
     transition whose prompt + target exceeds `max_tokens` is skipped (cutting the tree would make
     the label refer to lines the prompt no longer shows); the number skipped is logged.
     """
@@ -70,7 +71,7 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
     out, skipped = [], 0
     for t in transitions:
         prompt = compress.render(tokenizer, wm_messages(t["goal"], t["obs"], t["action"]))
-        target = compress.encode_text(tokenizer, t["delta"]) + [eos]
+        target = compress.encode_text(tokenizer, delta_label(t)) + [eos]
         if len(prompt) + len(target) > max_tokens:
             skipped += 1
             continue
@@ -89,7 +90,8 @@ def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_to
     states: env.Obs or dicts with goal (unless `goals` is given), url and axtree. Returns the Δ
     texts. A reply cut by max_new_tokens loses its unfinished last line (a half line such as
     `~ [14] textbox value='My` would still apply, wrongly); with no `done:` line it reads as `done: no`.
-    Opening a tab on click-tab-2 takes 180-260 Δ tokens: keep max_new_tokens at 256 or more.
+    Opening a tab on click-tab-2 takes 145-175 Δ tokens as an `=` block (180-260 line by line, the
+    labels before the block): keep max_new_tokens at 256 or more.
     """
     if not states:
         return []
@@ -141,7 +143,7 @@ def score_predictions(transitions: list[dict], preds: list[str]) -> dict:
         o, nb = apply(t["obs"], d)
         exact += int(o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"])
         bad += nb
-        p, q = Counter(delta_lines(d)), Counter(delta_lines(t["delta"]))
+        p, q = Counter(delta_lines(d)), Counter(delta_lines(delta_label(t)))
         tp += sum((p & q).values())
         n_pred += sum(p.values())
         n_true += sum(q.values())
