@@ -141,7 +141,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     demos = supervised.expert_trajectories(args.demos, args.tasks) if args.real_ratio > 0 else []
     if args.real_ratio > 0 and not demos:
         raise ValueError(f"{args.demos} holds no successful expert trajectory for tasks {args.tasks}")
-    pool, states = None, []
+    pool, server, states = None, None, []
     if args.real_ratio < 1:
         if not os.path.exists(args.transitions):
             raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
@@ -152,10 +152,12 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
         wm, wm_tok = policy.load_model(args.world_model, device=device)
         wm.eval().requires_grad_(False)
-        # A dream step waits for the world model's lock behind up to num_envs - 1 others (DreamEnv),
-        # so its time limit scales with them; a dream has no page that can hang.
-        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len,
-                                                                  bf16=bool(args.bf16) and device.type == "cuda"),
+        # one Δ server: the steps of every waiting dream are generated in one batched call
+        server = world_model.DeltaServer(wm, wm_tok, bf16=bool(args.bf16) and device.type == "cuda",
+                                         max_batch=args.num_envs, max_prompt_tokens=args.max_prompt_tokens)
+        # A dream step waits for a batch of up to num_envs Δs (DeltaServer), so its time limit scales
+        # with them; a dream has no page that can hang.
+        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len, server=server),
                                 tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
     distributed.print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length "
                              f"{args.dream_len}, loss {args.loss}, expert loss {args.expert_loss}, world {world}")
@@ -211,5 +213,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     finally:
         if pool is not None:
             pool.close()
+        if server is not None:
+            server.close()
         for e in renv:
             e.close()

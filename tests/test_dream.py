@@ -196,3 +196,89 @@ def test_the_advantage_key_is_the_advantage_used(tok, loss):
                                    "--loss", loss)
         err = rel_error(g, scaled(ref, a))
         assert err < 1e-5 and stats["loss/trajectories_trained"] == 1, (a, err)
+
+
+def recorded_obs(t: dict, key: str = "obs") -> str:
+    """The observation text the agent saw on a recorded transition's page (env.Obs.text)."""
+    from env import Obs
+
+    o = t[key]
+    return Obs(t["goal"], o["url"], o["axtree"], o.get("error", "")).text
+
+
+class Replies:
+    """A generator (generators.py's contract) that answers `text` to every prompt and keeps the prompts."""
+
+    def __init__(self, tok, text):
+        self.tok, self.text, self.prompts = tok, text, []
+
+    def generate(self, prompts, **kw):
+        self.prompts += prompts
+        ids = self.tok.encode(self.text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=self.text) for _ in prompts]
+
+
+@pytest.mark.parametrize("keep_last", [1, 3])
+def test_a_dream_from_stage_k_is_prompted_like_the_real_episode_at_stage_k(tok, keep_last):
+    import compress
+    import rollout
+
+    trs = trans.load_transitions(DATA)
+    ep = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 1]  # four recorded steps
+    states = trans.start_states(trs, "click-tab-2")
+    k = 3
+    start = next(s for s in states if s["axtree"] == ep[k]["obs"]["axtree"] and s["seed"] == 1)
+    assert start["prefix"] == [t["action"] for t in ep[:k]] and len(start["prefix_obs"]) == k
+    seed = next(x for x in range(1000) if trans.pick_start_state(states, x, "click-tab-2") is start)
+    # the prompt the policy sees at stage k of the real episode: the first k pages and actions, then page k
+    settings = compress.PromptSettings(keep_last=keep_last)
+    real_history = [{"observation": recorded_obs(t), "response": t["action"]} for t in ep[:k]]
+    real = settings.build(tok, real_history, recorded_obs(ep[k]))
+    pool = rollout.EnvPool(lambda task: wm.DreamEnv(None, tok, states, dream_len=2, server=Fixed("~ [33] x\ndone: no")),
+                           tok, num_envs=1)
+    gen = Replies(tok, "click('33')")
+    try:
+        (traj,), _ = rollout.rollout(gen, tok, pool, [("click-tab-2", seed)], prompt=settings, source="dream")
+    finally:
+        pool.close()
+    assert traj["turns"][0]["prompt_ids"] == real
+    assert traj["context"] == real_history and traj["steps"] == len(traj["turns"]) == 2
+    # the second prompt: the same k turns, then the dream's own first turn
+    hist2 = real_history + [{"observation": traj["turns"][0]["observation"], "response": "click('33')"}]
+    assert traj["turns"][1]["prompt_ids"] == settings.build(tok, hist2, traj["turns"][1]["observation"])
+    assert "\n[33] x\n" in traj["turns"][1]["observation"] or "\n [33] x\n" in traj["turns"][1]["observation"]
+    assert traj["final_observation"] == traj["turns"][1]["observation"]  # (the second Δ changes nothing)
+
+
+class Fixed:
+    """A stand-in for world_model.DeltaServer that predicts the same Δ for every step."""
+
+    def __init__(self, delta):
+        self.delta, self.calls = delta, []
+
+    def predict(self, state, action):
+        self.calls.append((dict(state), action))
+        return self.delta
+
+
+def test_the_update_never_scores_the_context(tok):
+    # a trajectory's context is prompt history only: policy_update's samples are its turns
+    model = policy.tiny_model(tok)
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--lr", "1e-3"])
+    p, r = expert_turn(tok, "click('12')")
+    t = {"task": "click-button", "seed": 0, "env_error": False, "reward": 1.0, "success": True, "advantage": 1.0,
+         "turns": [{"prompt_ids": p, "response_ids": r}]}
+    scored = []
+    real_score = update.score
+
+    def spy(model, tok, batch, *a):
+        scored.extend(len(b[2]) for b in batch)
+        return real_score(model, tok, batch, *a)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(update, "score", spy):
+        update.policy_update(model, torch.optim.AdamW(model.parameters()), tok,
+                             [dict(t, context=[{"observation": "Goal: x\nURL: y\n[1] button 'z'", "response": "click('1')"}] * 3)],
+                             train.update_config(args), "cpu", 1)
+    assert scored == [len(r)]

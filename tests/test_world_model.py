@@ -453,3 +453,65 @@ def record_fixture(path=DATA):
 
 if __name__ == "__main__":
     record_fixture()
+
+
+def test_the_delta_server_batches_waiting_dreams_and_gives_batch_1_deltas(tok):
+    import threading
+
+    import torch
+
+    ts = fixture_transitions()[::3]  # seven states of four tasks, prompts of different lengths
+    states = [dict(t["obs"], goal=t["goal"]) for t in ts]
+    actions = [t["action"] for t in ts]
+    # a tiny random model whose greedy reply depends on its prompt (weights x20: the residual stream
+    # no longer just repeats the last token) and holds a newline now and then (so a cut reply keeps lines)
+    m = policy.tiny_model(tok, seed=3)
+    with torch.no_grad():
+        for name, w in m.named_parameters():
+            if "layers" in name and w.dim() == 2:
+                w.mul_(20)
+    newline = tok.encode("\n", add_special_tokens=False)[0]
+
+    def more_newlines(mod, inp, out):
+        out = out.clone()
+        out[..., newline] += 0.6
+        return out
+
+    m.lm_head.register_forward_hook(more_newlines)
+    one = [wm.predict_delta(m, tok, [s], [a], max_new_tokens=16, batch_size=1)[0] for s, a in zip(states, actions)]
+    assert len(set(one)) == len(one) and sum("\n" in d for d in one) >= 4  # seven different Δs, most multi-line
+    server = wm.DeltaServer(m, tok, max_new_tokens=16, linger=2.0)
+    out = [None] * len(states)
+    go = threading.Barrier(len(states))
+
+    def ask(i):
+        go.wait()
+        out[i] = server.predict(states[i], actions[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(states))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    server.close()
+    assert out == one
+    assert server.stats["requests"] == len(states) and server.stats["calls"] < len(states)
+    with pytest.raises(RuntimeError):
+        server.predict(states[0], actions[0])
+
+
+def test_dream_env_asks_its_server(tok):
+    state = {"task": "enter-text", "goal": "Enter \"Myron\".", "url": "u", "axtree": "[14] textbox\n[15] button 'Submit'"}
+
+    class Server:
+        calls = []
+
+        def predict(self, s, a):
+            self.calls.append((s["axtree"], a))
+            return "~ [14] textbox value='Myron'\ndone: yes"
+
+    env = wm.DreamEnv(None, tok, [state], dream_len=3, server=Server())
+    assert env.reset(0).context == []  # an episode's first page: no history
+    obs, reward, done, info = env.step("fill('14', 'Myron')")
+    assert Server.calls == [(state["axtree"], "fill('14', 'Myron')")]
+    assert (reward, done) == (1.0, True) and obs.axtree.startswith("[14] textbox value='Myron'")
