@@ -144,7 +144,9 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                         "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",
                         "--iterations", "2", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
                         "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "2", "--replay-samples", "1",
-                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"],
+                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"]
+                       # the gspo run also rewards its dreams with a (tiny, random) trajectory judge
+                       + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else []),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -158,8 +160,11 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
         assert all(x["loss/nll"] > 0 and x["dream/real_share"] == 0.5 for x in ms)
     else:
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
+        assert all(x["judge/n"] == 2 for x in ms) and "dream/replay_judge_false_positive_rate" in ms[1]
+    assert "dream/replay_done_false_positive_rate" in ms[1]
     rec = [json.loads(line) for line in open(os.path.join(out, "dream_replays.jsonl"))]
     assert len(rec) == 1 and rec[0]["source"] == "dream" and "real_observation" in rec[0]["turns"][0]
+    assert "done_success" in rec[0] and ("judge_p" in rec[0]) == (expert_loss == "gspo")
     html = open(os.path.join(out, "report", "report.html")).read()  # iteration 2's report, the replayed dream in it
     assert "data-source='dream'" in html and "predicted success" in html
     state = torch.load(os.path.join(out, "final", "trainer_state.pt"), weights_only=False)
