@@ -145,8 +145,10 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                         "--iterations", "2", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
                         "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "2", "--replay-samples", "1",
                         "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"]
-                       # the gspo run also rewards its dreams with a (tiny, random) trajectory judge
-                       + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else []),
+                       # the gspo run also rewards its dreams with a (tiny, random) trajectory judge; the nll run
+                       # trains with M-GRPO and a KL penalty to its start (the reference model)
+                       + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
+                          ["--loss", "mgrpo", "--kl-coef", "0.1"]),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -158,6 +160,8 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
     assert "dream/replay_contradiction" in ms[1] and "dream/replay_contradiction" not in ms[0]
     if expert_loss == "nll":
         assert all(x["loss/nll"] > 0 and x["dream/real_share"] == 0.5 for x in ms)
+        # iteration 1's likelihood step moved the policy off its start: iteration 2's KL to the reference acts
+        assert ms[1]["loss/kl"] > 0
     else:
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
         assert all(x["judge/n"] == 2 for x in ms) and "dream/replay_judge_false_positive_rate" in ms[1]
@@ -287,3 +291,57 @@ def test_the_update_never_scores_the_context(tok):
                              [dict(t, context=[{"observation": "Goal: x\nURL: y\n[1] button 'z'", "response": "click('1')"}] * 3)],
                              train.update_config(args), "cpu", 1)
     assert scored == [len(r)]
+
+
+def dream_group(tok, rewards):
+    """One group of dreams (the same task and seed), one turn each, with these rewards."""
+    p, r = expert_turn(tok, "click('12')")
+    return [{"task": "click-button", "seed": 5, "source": "dream", "env_error": False, "reward": float(x),
+             "success": bool(x), "steps": 1, "turns": [{"prompt_ids": p, "response_ids": r}]} for x in rewards]
+
+
+def expert_demos(n):
+    obs = "Goal: Click on the \"OK\" button.\nURL: click-button.html\n[12] button 'OK'"
+    return [{"task": "click-button", "seed": k, "success": True, "turns": [{"observation": obs, "action": "click('12')"}]}
+            for k in range(n)]
+
+
+def test_the_logged_dream_reward_leaves_the_expert_trajectories_out(tok):
+    # --expert-loss gspo: the experts are GSPO samples (reward 1) in the update, but rollout/reward is the dreams'
+    model = policy.tiny_model(tok)
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--expert-loss", "gspo"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    stats = dream.dream_update(model, opt, tok, dream_group(tok, [1, 0, 0, 0]), expert_demos(2), args,
+                               train.update_config(args), "cpu", 1, seed=0)
+    assert stats["loss/trajectories"] == 6  # four dreams and two experts were trained on
+    assert stats["rollout/reward"] == 0.25  # (the update's own mean would be 3 / 6)
+    assert (stats["dream/trajectories"], stats["dream/real_trajectories"]) == (4, 2)
+
+
+def test_dream_mode_with_mgrpo_and_kl_builds_the_reference_and_its_kl_acts(tmp_path, tok, monkeypatch):
+    # main builds `ref` (the run's start) for dream mode and hands it on to train_dream -> policy_update
+    seen = {}
+
+    def spy(*a, ref=None, **k):
+        seen["ref"], seen["model"] = ref, a[1]
+        seen["cfg"] = a[6]
+
+    monkeypatch.setattr(dream, "train_dream", spy)
+    train.main(["--mode", "dream", "--tiny", "--world-model", ROOT, "--loss", "mgrpo", "--kl-coef", "0.1",
+                "--out", str(tmp_path / "run"), "--tasks", "click-button"])
+    assert seen["ref"] is not None and seen["ref"] is not seen["model"] and seen["cfg"].kl_coef == 0.1
+    assert not any(p.requires_grad for p in seen["ref"].parameters())
+    # ... and the update uses it: the k3 KL of a policy that has moved away from its reference is in the loss
+    model = policy.tiny_model(tok)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--loss", "mgrpo", "--kl-coef", "0.1",
+                             "--expert-loss", "gspo"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    group = dream_group(tok, [0, 0, 0, 0])  # no reward signal: only the KL term has a gradient
+    stats = dream.dream_update(model, opt, tok, group, [], args, train.update_config(args), "cpu", 1, seed=0,
+                               ref=seen["ref"])
+    assert stats["loss/kl"] > 0 and stats["loss/trajectories_trained"] == 4 and stats["loss/grad_norm"] > 0
+    with pytest.raises(ValueError, match="reference"):
+        dream.dream_update(model, opt, tok, group, [], args, train.update_config(args), "cpu", 1, seed=0)
