@@ -135,8 +135,7 @@ class _Worker(threading.Thread):
         if getattr(obs, "env_error", False):  # the browser could not load the page: no step is taken
             traj.update(env_error=True, error=obs.error)
             return traj
-        # a dream that starts at stage k of a real episode brings that episode's first k turns: they are
-        # the prompts' history, as on real pages, but not turns of this trajectory (never trained on)
+        # a dream's real episode so far (DreamObs.context): prompt history, never a trained turn
         context = [{"observation": u["observation"], "response": u["response"]} for u in getattr(obs, "context", ())]
         if context:
             traj["context"] = context
