@@ -269,6 +269,8 @@ def test_huge_and_binary_text_never_raises():
     o, bad = dfmt.apply(st8(OLD), huge)
     assert len(o["axtree"].split("\n")) == dfmt.MAX_LINES  # the tree stops growing at MAX_LINES
     assert bad == (5000 - (dfmt.MAX_LINES - 5)) + 5000 + 99
+    o, bad = dfmt.apply(st8(OLD), "= [13] [13] x\n" + "| StaticText 'y'\n" * 5000)  # a block grows no further
+    assert len(o["axtree"].split("\n")) == dfmt.MAX_LINES and bad == 5001 - (dfmt.MAX_LINES - 5)
     o, bad = dfmt.apply(st8(OLD), "+ ^ " + "x" * 2_000_000)
     assert bad == 0 and len(o["axtree"]) > 2_000_000
     for junk in (None, 42, b"- [13]", "\n\n\n", "\r\n\r\n"):
@@ -278,7 +280,9 @@ def test_huge_and_binary_text_never_raises():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=30), LINE.map(lambda x: "+ [13] " + x), LINE.map(lambda x: "~ " + x),
-                          st.sampled_from(["- [12]", "- [17]+1", "- ^+1", "done: yes", "url: z", "+ ^ [13] b"])),
+                          st.sampled_from(["- [12]", "- [17]+1", "- ^+1", "done: yes", "url: z", "+ ^ [13] b", "= [12]",
+                                           "= [17] [13] c", "= [17]+1  [19] d", "| [12] e", "|  [40] f", "|"]),
+                          LINE.map(lambda x: "| " + x), LINE.map(lambda x: "= [13] " + x)),
                 max_size=30))
 def test_any_text_applies_without_raising_and_keeps_bids_unique(lines):
     o, bad = dfmt.apply(st8(OLD), "\n".join(lines))
