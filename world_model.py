@@ -242,7 +242,13 @@ class DeltaServer:
             raise RuntimeError("DeltaServer is closed")
         reply: "queue.Queue" = queue.Queue(maxsize=1)
         self.requests.put((state, action, reply))
-        out = reply.get()
+        while True:
+            try:
+                out = reply.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and reply.empty():  # closed after this request came in
+                    raise RuntimeError("DeltaServer is closed") from None
         if isinstance(out, Exception):
             raise out
         return out
@@ -282,6 +288,7 @@ class DeltaServer:
                 r[2].put(RuntimeError("DeltaServer is closed"))
 
     def close(self) -> None:
+        """Finish the batch in hand, then end the thread (a later predict raises RuntimeError)."""
         self.closed = True
         self.requests.put(None)
         self.thread.join(timeout=600)
