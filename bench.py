@@ -6,6 +6,8 @@
     python bench.py --only chaos          # a rollout in which a tenth of the browsers are killed at random
     python bench.py --only padding        # BC micro-batches: padded tokens, random order vs sorted by length (no model)
     python bench.py --only generation     # a group's first turn: G identical prompts with and without a shared prefill
+    python bench.py --only deltas         # Δ tokens per transition: line by line vs with `=` blocks (tokenizer only)
+    python bench.py --only dreams         # imagined steps/s (Δ at batch 1, then batched) vs real browser steps/s
     python bench.py --only workers        # threads vs processes (rollout.EnvPool): env alone, then full rollouts
                                           # (only on request; --env-only skips the rollouts with the policy)
 
@@ -30,6 +32,7 @@ import threading
 import time
 
 
+import checkpoint
 import compress
 import env as webenv
 import experts
@@ -172,6 +175,93 @@ def bench_workers(model, tok, tasks, ns, episodes_per_task, max_steps, env_only=
                 rows, _ = rollout_throughput(model, tok, jobs, [n], max_steps, processes=p, gen_batch=max(ns))
                 rollout_rows += [dict(r, workers="process" if p else "thread") for r in rows]
     return env_rows, rollout_rows
+
+
+class ExpertReplies:
+    """A generator (generators.py's contract) with no model: the reply to each prompt is the scripted
+    expert's action for the page that ends it (a random valid action where the expert cannot read
+    the page), so a rollout's speed is its environments'."""
+
+    def __init__(self, tok):
+        self.tok, self.rng = tok, random.Random(0)
+
+    def generate(self, prompts, **kw):
+        import re
+
+        from transitions import random_action
+
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p).rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>")[0]
+            m = re.match(r"Goal: (.*?)\nURL: (\S*)\n(.*?)(?:\nLast action error: .*)?\Z", text, re.S)
+            obs = webenv.Obs(m[1], m[2], m[3]) if m else webenv.Obs("", "", "")
+            try:
+                reply = experts.expert_action(obs.url.rsplit("/", 1)[-1].removesuffix(".html"), obs, self.rng)
+            except Exception:
+                reply = random_action(obs, self.rng)
+            ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.eos_token_id]
+            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=reply))
+        return out
+
+
+def bench_dreams(model, tok, wm_path, data, n, episodes, dream_len, wm_max_new_tokens):
+    """Imagined steps per second (rollout.py on world_model.DreamEnv: Δ at batch 1 behind a lock, then
+    batched by a DeltaServer) against real browser steps per second (env.WebEnv), with the same
+    replies, N environments, the same jobs (episodes of at most dream_len steps; a dream starts from
+    a start state of `data`, a real episode from the task's first page). The replies come from
+    `model` (a policy) or, when it is None, from the scripted expert (ExpertReplies: the
+    environments' speed alone). Browsers launch before the clock starts."""
+    import world_model
+    from transitions import load_transitions, start_states
+
+    states = start_states(load_transitions(data))
+    tasks = sorted({s["task"] for s in states})
+    jobs = jobs_for(tasks, max(1, episodes // len(tasks)))
+    wm, wm_tok = policy.load_model(wm_path or policy.DEFAULT_MODEL)
+    rows = []
+
+    gen = generators.HFGenerator(model, tok) if model is not None else ExpertReplies(tok)
+
+    def measure(name, pool, server=None):
+        try:
+            if server is None and "real" in name:
+                rollout(gen, tok, pool, jobs[:n], temperature=1.0)  # warm up: launch the browsers
+            t0 = time.perf_counter()
+            trajs, st = rollout(gen, tok, pool, jobs, temperature=1.0, gen_batch=n)
+            wall = time.perf_counter() - t0
+        finally:
+            pool.close()
+            if server is not None:
+                server.close()
+        row = {"mode": name, "N": n, "episodes": len(trajs), "steps": int(st.get("env_steps", 0)), "wall_s": wall,
+               "steps_per_s": st.get("env_steps", 0) / wall, "policy_generate_s": st.get("generate_s", 0.0),
+               "env_s": st.get("env_s", 0.0), "env_error": sum(t["env_error"] for t in trajs)}
+        if server is not None:
+            row["wm_mean_batch"] = server.stats["requests"] / max(1, server.stats["calls"])
+        rows.append(row)
+        log(f"{name}: {row['steps']} steps in {wall:.1f} s, {row['steps_per_s']:.2f} steps/s")
+
+    measure("real browser", EnvPool(functools.partial(webenv.WebEnv, max_steps=dream_len), tok, num_envs=n))
+    # (a dream step waits behind up to N - 1 others' generations: no watchdog on this CPU-bound wait)
+    measure("dream, Δ at batch 1", EnvPool(lambda task: world_model.DreamEnv(
+        wm, wm_tok, states, dream_len, max_new_tokens=wm_max_new_tokens), tok, num_envs=n, step_timeout=3600))
+    server = world_model.DeltaServer(wm, wm_tok, max_new_tokens=wm_max_new_tokens, max_batch=n)
+    measure("dream, Δ batched", EnvPool(lambda task: world_model.DreamEnv(
+        wm, wm_tok, states, dream_len, server=server), tok, num_envs=n, step_timeout=3600), server)
+    return rows
+
+
+def delta_lengths(tok, data):
+    """Δ tokens of every transition in `data`, line by line (diff(subtree=False)) and with `=` blocks."""
+    import delta
+    from transitions import load_transitions
+
+    rows = []
+    for t in load_transitions(data):
+        status = delta.done_status(bool(t["success"]), bool(t["done"]) and not t.get("truncated"))
+        n = [len(compress.encode_text(tok, delta.diff(t["obs"], t["next_obs"], status, subtree=s))) for s in (False, True)]
+        rows.append({"task": t["task"], "lines": n[0], "blocks": n[1]})
+    return rows
 
 
 def ten_turn_history(tok):
@@ -335,9 +425,15 @@ def bench_generation(model, tok, prompts: list[list[int]], groups=(1, 4, 8), max
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model)")
-    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding", "generation"], default=None,
-                   help="run one part")
+    p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model; "
+                   "dreams: `expert` for the scripted expert's replies, no policy model)")
+    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding", "generation", "dreams",
+                                      "deltas"], default=None, help="run one part")
+    p.add_argument("--wm", default=None, help="dreams: world-model checkpoint (default runs/wm/final if present, else the base model)")
+    p.add_argument("--data", default=None, help="dreams, deltas: real transitions (default runs/transitions.jsonl if "
+                   "present, else tests/data/transitions.jsonl)")
+    p.add_argument("--dream-len", type=int, default=3, help="dreams: steps per episode, imagined or real")
+    p.add_argument("--wm-max-new-tokens", type=int, default=256, help="dreams: the Δ length limit (dream mode's is 256)")
     p.add_argument("--tasks", default="click-button,click-link,enter-text,login-user", help="tasks of the rollout benchmarks")
     p.add_argument("--episodes-per-task", type=int, default=8, help="episodes per task and N")
     p.add_argument("--ns", default="1,2,4,8", help="numbers of concurrent browsers to compare")
@@ -355,13 +451,28 @@ def main():
               f"{r['real']} real tokens; computed with padding: random order {r['random']} ({r['random'] / r['real']:.2f}x), "
               f"sorted by length {r['sorted']} ({r['sorted'] / r['real']:.2f}x)")
         return
+    if a.data is None:
+        a.data = "runs/transitions.jsonl" if os.path.exists("runs/transitions.jsonl") else "tests/data/transitions.jsonl"
+    if a.only == "deltas":
+        rows = delta_lengths(policy.load_tokenizer(), a.data)
+        by_task = {}
+        for r in rows:
+            by_task.setdefault(r["task"], []).append(r)
+        print(f"Δ tokens on {a.data} ({len(rows)} transitions), line by line -> with `=` blocks:")
+        for task, rs in [("all", rows)] + sorted(by_task.items()):
+            lines, blocks = sum(r["lines"] for r in rs), sum(r["blocks"] for r in rs)
+            print(f"  {task}: total {lines} -> {blocks} ({blocks / lines:.0%}), largest {max(r['lines'] for r in rs)} -> "
+                  f"{max(r['blocks'] for r in rs)}, changed {sum(r['lines'] != r['blocks'] for r in rs)}")
+        return
     if a.ckpt is None:
         a.ckpt = "runs/bc/final" if os.path.isdir("runs/bc/final") else ""
     tasks = a.tasks.split(",")
     ns = [int(x) for x in a.ns.split(",")]
-    model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
-    think = bool(a.ckpt) and os.path.exists(os.path.join(a.ckpt, "webdream.json")) and \
-        json.load(open(os.path.join(a.ckpt, "webdream.json"))).get("think", False)
+    if a.only == "dreams" and a.ckpt == "expert":
+        model, tok = None, policy.load_tokenizer()
+    else:
+        model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
+    think = checkpoint.trained_settings(a.ckpt if a.ckpt != "expert" else None).get("think", False)
     os.makedirs(a.out, exist_ok=True)
     md, res = [f"policy: {a.ckpt or 'base model'}, tasks {a.tasks}, {os.cpu_count()} CPU cores", ""], {}
     if a.only in (None, "rollout"):
@@ -400,6 +511,19 @@ def main():
         res["chaos"] = c
         md += ["| chaos: episodes | browsers killed | completed | env_error | lost | wall s |", "|---|---|---|---|---|---|",
                f"| {c['episodes']} | {c['browsers_killed']} | {c['completed']} | {c['env_error']} | {c['lost']} | {c['wall_s']} |", ""]
+    if a.only == "dreams":  # (only on request: it loads a second model and generates Δs on the CPU)
+        if a.wm is None:
+            a.wm = "runs/wm/final" if os.path.isdir("runs/wm/final") else ""
+        n = max(ns)
+        rows = bench_dreams(model, tok, a.wm, a.data, n, a.episodes_per_task * 2, a.dream_len, a.wm_max_new_tokens)
+        res["dreams"] = rows
+        md += [f"replies: {a.ckpt or 'base model'}; world model: {a.wm or 'the base model (untrained)'}, Δ limit "
+               f"{a.wm_max_new_tokens} tokens, start states {a.data}, N = {n}, episodes of at most {a.dream_len} steps", "",
+               "| steps of | steps | wall s | steps/s | vs real | policy generate s | env s | mean Δ batch | env_error |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        md += [f"| {r['mode']} | {r['steps']} | {r['wall_s']:.1f} | {r['steps_per_s']:.2f} | "
+               f"{r['steps_per_s'] / rows[0]['steps_per_s']:.2f}x | {r['policy_generate_s']:.1f} | {r['env_s']:.1f} | "
+               f"{r.get('wm_mean_batch', 1.0):.1f} | {r['env_error']} |" for r in rows] + [""]
     if a.only == "workers":  # (not in the default run: it repeats the rollout part twice over)
         env_rows, rollout_rows = bench_workers(model, tok, tasks, ns, a.episodes_per_task, a.max_steps, a.env_only)
         res["workers_env"], res["workers_rollout"] = env_rows, rollout_rows

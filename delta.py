@@ -18,6 +18,8 @@ Here the change Δ is a precise, line-oriented edit of the flattened accessibili
     ~ REF LINE                         LINE replaces the line REF (a line without a bid: `~ [24]+1 StaticText 'x'`)
     + REF LINE                         insert LINE after the line REF (`^`: at the top); several inserts after
                                        the same REF keep their order
+    = REF LINE                         replace the line REF and its subtree (the lines after it indented deeper)
+    | LINE                             by the block LINE, LINE, ... (`= REF` alone: remove the subtree)
     done: yes|no|fail                  yes: the task is now complete (success); fail: the episode ended
                                        without success (MiniWoB ends on a wrong click); no: it goes on
 
@@ -28,6 +30,15 @@ An unchanged page is the one-line Δ `done: no`. Example (click('21') checks a b
 
     ~ [21] checkbox 'Gh', focused, checked
     + [24] StaticText 'Done!'
+    done: no
+
+A panel swap (click-tab-2: the tab panel [24] gives way to [31] and its text) is one `=` block; `diff`
+writes a block wherever it makes the Δ shorter than the line-by-line edits (`subtree=False`: never):
+
+    ~  [20] tab 'Tab #2', selected, expanded
+    = [24] [31] tabpanel 'Tab #2'
+    |  StaticText 'Vel'
+    |  [33] generic 'aliquam'
     done: no
 
 The paper predicts a free-text description of the change; we deviate on purpose: an exact format
@@ -56,6 +67,8 @@ _OP_REMOVE = re.compile(rf"- ({_REF}) *$")
 _OP_ADD = re.compile(rf"\+ ({_REF}) (.*)$", re.S)
 _OP_CHANGE_AT = re.compile(rf"~ ((?:\^|\[{_BID}\])\+[0-9]+) (.*)$", re.S)  # ~ REF LINE (a line without bid)
 _OP_CHANGE = re.compile(r"~ (.*)$", re.S)  # ~ LINE (LINE holds the bid)
+_OP_SUBTREE = re.compile(rf"= ((?:\^|\[{_BID}\])\+[0-9]+|\[{_BID}\])(?: (.*))?$", re.S)  # = REF [LINE]
+_OP_BLOCK = re.compile(r"\|(?: (.*))?$", re.S)  # | LINE: the next line of the block above
 _OP_HEADER = re.compile(r"(url|error):(?: (.*))?$", re.S)
 _OP_DONE = re.compile(r"done: *(yes|no|fail) *$")
 
@@ -98,7 +111,20 @@ def done_status(success: bool, terminated: bool) -> str:
     return "yes" if success else ("fail" if terminated else "no")
 
 
-def diff(o_t, o_next, done: bool | str = False) -> str:
+def indent(line: str) -> int:
+    """A tree line's depth: its leading spaces (flatten_axtree writes one per level)."""
+    return len(line) - len(line.lstrip(" "))
+
+
+def subtree_end(lines: list[str], i: int) -> int:
+    """One past the last line of line i's subtree: i, then every following line indented deeper."""
+    d, e = indent(lines[i]), i + 1
+    while e < len(lines) and indent(lines[e]) > d:
+        e += 1
+    return e
+
+
+def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True) -> str:
     """The Δ that turns o_t into o_next (states: env.Obs or dicts with url, axtree, error).
 
     done: the `done:` line, True/"yes" (task complete), False/"no", or "fail" (ended unsuccessfully).
@@ -106,6 +132,8 @@ def diff(o_t, o_next, done: bool | str = False) -> str:
     repeats no bid (flatten_axtree never does: one line per node) and url/error hold no newline.
     Lines are aligned by bid (difflib on bid keys; text for lines without a bid); a bid line whose
     text changed is `~`, lines without a bid in a replaced stretch are paired in order as `~`.
+    subtree: also try `=` blocks (an old subtree replaced by the new lines between the same kept
+    neighbours), greedily, up to 4, each kept only when it makes the Δ text shorter.
     """
     status = ("yes" if done else "no") if isinstance(done, bool) else done
     if status not in DONE_VALUES:
@@ -116,38 +144,14 @@ def diff(o_t, o_next, done: bool | str = False) -> str:
     anchors = {r[1:-1] for r in refs if r[0] == "[" and "+" not in r}  # bids that are their own REF
     okeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in old]
     nkeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in new]
-    ops: list[tuple[int, int, int, str]] = []  # (old position, 0 edit / 1 insert, sequence, text)
-
-    def change(i: int, line: str) -> None:
-        if old[i] != line:
-            ops.append((i, 0, len(ops), f"~ {line}" if okeys[i][0] == "b" else f"~ {refs[i]} {line}"))
-
-    def add(anchor: int, line: str) -> None:
-        ops.append((anchor, 1, len(ops), f"+ {'^' if anchor < 0 else refs[anchor]} {line}"))
-
-    anchor = -1  # the last old line that survives (kept or changed): inserts go after it
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, okeys, nkeys, autojunk=False).get_opcodes():
-        if tag == "equal":
-            for i, j in zip(range(i1, i2), range(j1, j2)):
-                change(i, new[j])
-                anchor = i
-        elif tag == "delete":
-            ops.extend((i, 0, len(ops) + k, f"- {refs[i]}") for k, i in enumerate(range(i1, i2)))
-        elif tag == "insert":
-            for j in range(j1, j2):
-                add(anchor, new[j])
-        else:  # replace: pair lines without a bid in order (one `~` instead of `-` and `+`)
-            o_nb = [i for i in range(i1, i2) if _line_bid(old[i]) is None]
-            n_nb = [j for j in range(j1, j2) if _line_bid(new[j]) is None]
-            pair = dict(zip(n_nb, o_nb))
-            paired = set(pair.values())
-            ops.extend((i, 0, len(ops) + k, f"- {refs[i]}") for k, i in enumerate(range(i1, i2)) if i not in paired)
-            for j in range(j1, j2):
-                if j in pair:
-                    change(pair[j], new[j])
-                    anchor = pair[j]
-                else:
-                    add(anchor, new[j])
+    ops, kept = _edits(old, new, refs, okeys, nkeys, [])
+    blocks: list[tuple[int, int, int, int]] = []
+    while subtree and len(blocks) < 4:
+        best = _best_block(old, new, refs, okeys, nkeys, blocks, ops, kept)
+        if best is None:
+            break
+        blocks.append(best[0])
+        ops, kept = best[1]
     out = []
     if b["url"] != a["url"]:
         out.append(f"url: {_one_line(b['url'])}")
@@ -158,20 +162,142 @@ def diff(o_t, o_next, done: bool | str = False) -> str:
     return "\n".join(out)
 
 
+def _size(ops: list[tuple]) -> int:
+    return sum(len(t) + 1 for *_, t in ops)
+
+
+def _best_block(old, new, refs, okeys, nkeys, blocks, ops, kept, tries: int = 3):
+    """The `=` block that shortens the Δ most, given the blocks already chosen and their (ops, kept):
+    ((i, e, j, k), (ops, kept)), or None when no block makes it shorter.
+
+    A block replaces an old subtree old[i:e] by every new line between the kept lines before i and
+    those from e on. Each candidate's size is estimated first (today's ops minus those on its
+    subtree and the inserts that lead into it, plus the block's lines); the `tries` best estimates
+    are then diffed for real, and the shortest exact Δ wins."""
+    size = _size(ops)
+    by_pos: dict[int, list[int]] = {}  # old position: [its edits' chars, the chars of inserts after it]
+    for pos, kind, _, text in ops:
+        by_pos.setdefault(pos, [0, 0])[kind] += len(text) + 1
+    order = sorted(kept)
+    cands = []
+    for i in range(len(old)):
+        e = subtree_end(old, i)
+        if any(i <= bi < e or bi <= i < be for bi, be, _, _ in blocks):
+            continue
+        before = [x for x in order if x < i]
+        j = kept[before[-1]][1] if before else 0
+        k = next((kept[x][0] for x in order if x >= e), len(new))
+        if k < j or any(bj == j for _, _, bj, _ in blocks):
+            continue
+        lead = before[-1] if before else -1  # the inserts after it are new lines of the block
+        saved = sum(sum(by_pos.get(x, (0, 0))) for x in range(i, e)) + by_pos.get(lead, (0, 0))[1]
+        est = size - saved + len(refs[i]) + 3 + sum(len(x) + 3 for x in new[j:k])
+        if est < size:
+            cands.append((est, i, e, j, k))
+    best = None
+    for est, i, e, j, k in sorted(cands)[:tries]:
+        cand = _edits(old, new, refs, okeys, nkeys, blocks + [(i, e, j, k)])
+        if cand is not None and _size(cand[0]) < (size if best is None else _size(best[1][0])):
+            best = ((i, e, j, k), cand)
+    return best
+
+
+def _edits(old: list[str], new: list[str], refs: list[str], okeys: list, nkeys: list,
+           blocks: list[tuple[int, int, int, int]]):
+    """diff's edit operations, old[i:e] replaced by new[j:k] for each (i, e, j, k) in `blocks`.
+
+    Returns (ops [(old position, 0 edit / 1 insert, sequence, text)], kept {old index: (new start,
+    new end)} of the lines (and blocks) that survive), or None when difflib does not keep a block
+    in place (it moved past other kept lines). Each block is one sentinel key on both sides."""
+    ob = {bl[0]: n for n, bl in enumerate(blocks)}
+    nb = {bl[2]: n for n, bl in enumerate(blocks)}
+    skip_o = {x for i, e, _, _ in blocks for x in range(i + 1, e)}
+    skip_n = {x for _, _, j, k in blocks for x in range(j, k)}
+    opos = [x for x in range(len(old)) if x not in skip_o]
+    npos, nblock = [], []  # new positions of the reduced sequence; the block at each (or None)
+    for x in range(len(new) + 1):
+        if x in nb:
+            npos.append(x)
+            nblock.append(nb[x])
+        if x < len(new) and x not in skip_n:
+            npos.append(x)
+            nblock.append(None)
+    ok = [("s", ob[x]) if x in ob else okeys[x] for x in opos]
+    nk = [("s", n) if n is not None else nkeys[x] for x, n in zip(npos, nblock)]
+    ops: list[tuple[int, int, int, str]] = []
+    kept: dict[int, tuple[int, int]] = {}
+
+    def change(i: int, line: str) -> None:
+        if old[i] != line:
+            ops.append((i, 0, len(ops), f"~ {line}" if okeys[i][0] == "b" else f"~ {refs[i]} {line}"))
+
+    def add(anchor: int, line: str) -> None:
+        ops.append((anchor, 1, len(ops), f"+ {'^' if anchor < 0 else refs[anchor]} {line}"))
+
+    anchor = -1  # the last old line that survives (kept or changed): inserts go after it
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ok, nk, autojunk=False).get_opcodes():
+        if tag != "equal" and any(k[0] == "s" for k in ok[i1:i2] + nk[j1:j2]):
+            return None
+        if tag == "equal":
+            for r, s in zip(range(i1, i2), range(j1, j2)):
+                i = opos[r]
+                if ok[r][0] == "s":
+                    _, _, j, k = blocks[ok[r][1]]
+                    lines = new[j:k]
+                    text = f"= {refs[i]}" + (f" {lines[0]}" if lines else "")
+                    ops.append((i, 0, len(ops), "\n".join([text] + [f"| {x}" for x in lines[1:]])))
+                    kept[i] = (j, k)
+                else:
+                    change(i, new[npos[s]])
+                    kept[i] = (npos[s], npos[s] + 1)
+                anchor = i
+        elif tag == "delete":
+            ops.extend((opos[r], 0, len(ops) + q, f"- {refs[opos[r]]}") for q, r in enumerate(range(i1, i2)))
+        elif tag == "insert":
+            for s in range(j1, j2):
+                add(anchor, new[npos[s]])
+        else:  # replace: pair lines without a bid in order (one `~` instead of `-` and `+`)
+            o_nb = [r for r in range(i1, i2) if _line_bid(old[opos[r]]) is None]
+            n_nb = [s for s in range(j1, j2) if _line_bid(new[npos[s]]) is None]
+            pair = dict(zip(n_nb, o_nb))
+            paired = set(pair.values())
+            ops.extend((opos[r], 0, len(ops) + q, f"- {refs[opos[r]]}")
+                       for q, r in enumerate(range(i1, i2)) if r not in paired)
+            for s in range(j1, j2):
+                if s in pair:
+                    i = opos[pair[s]]
+                    change(i, new[npos[s]])
+                    kept[i] = (npos[s], npos[s] + 1)
+                    anchor = i
+                else:
+                    add(anchor, new[npos[s]])
+    return ops, kept
+
+
 def parse_delta(delta: str) -> tuple[dict, list[tuple], int]:
     """Parse Δ text into (header {url?, error?, done?}, edits, n_bad). Never raises.
 
-    edits: ("-", ref) | ("~", ref or None, line) | ("+", ref, line), in Δ order. A line that matches
-    no operation, or a second url/error/done line, counts as bad. Blank lines are ignored.
+    edits: ("-", ref) | ("~", ref or None, line) | ("+", ref, line) | ("=", ref, [lines]), in Δ
+    order; a `=` edit's lines are its own LINE (if any) then the `| LINE` lines that follow it. A
+    line that matches no operation, a `|` line after anything but `=` or `|`, or a second
+    url/error/done line counts as bad. Blank lines are ignored.
     """
     header: dict = {}
     edits: list[tuple] = []
     n_bad = 0
     if not isinstance(delta, str):
         return header, edits, 1
+    block: list[str] | None = None  # the open `=` block, while `|` lines may follow
     for line in delta.split("\n"):
         if not line.strip():
             continue
+        if m := _OP_BLOCK.match(line):
+            if block is None:
+                n_bad += 1
+            else:
+                block.append(m.group(1) or "")
+            continue
+        block = None
         if m := _OP_DONE.match(line):
             key, val = "done", m.group(1)
         elif m := _OP_HEADER.match(line):
@@ -181,6 +307,10 @@ def parse_delta(delta: str) -> tuple[dict, list[tuple], int]:
             continue
         elif m := _OP_ADD.match(line):
             edits.append(("+", m.group(1), m.group(2)))
+            continue
+        elif m := _OP_SUBTREE.match(line):
+            block = [] if m.group(2) is None else [m.group(2)]
+            edits.append(("=", m.group(1), block))
             continue
         elif m := _OP_CHANGE_AT.match(line):
             edits.append(("~", m.group(1), m.group(2)))
@@ -214,7 +344,10 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
     Tolerant of model output: a line that does not parse, names a REF that o_t lacks, edits a line
     already removed or changed, changes a line's bid, adds a bid that is already on the page (or was
     already added), repeats a header, or would grow the tree past `max_lines` is skipped and counted.
-    Never raises. Removes and changes are resolved before inserts, so their order in Δ is free.
+    A `=` whose subtree holds a line already removed or changed is skipped with its block lines
+    (each counted); a block line with a bid already on the page is skipped and counted alone.
+    Never raises. Removes, changes and blocks are resolved before inserts, so their order is free;
+    an insert after a block's REF goes after the block.
     """
     s = as_state(o_t)
     old = tree_lines(s["axtree"])
@@ -223,6 +356,7 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
     header, edits, n_bad = parse_delta(delta)
     removed: set[int] = set()
     changed: dict[int, str] = {}
+    blocks: dict[int, list[str]] = {}  # the root of each replaced subtree: its new lines
     adds: list[tuple[int, str]] = []
     for e in edits:
         if e[0] == "+":
@@ -232,6 +366,15 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
             else:
                 adds.append((a, e[2]))
             continue
+        if e[0] == "=":
+            i = index.get(e[1])
+            span = range(i, subtree_end(old, i)) if i is not None else range(0)
+            if i is None or any(x in removed or x in changed or x in blocks for x in span):
+                n_bad += 1 + max(0, len(e[2]) - 1)  # the `=` line and its `|` lines
+            else:
+                blocks[i] = e[2]
+                removed.update(span[1:])
+            continue
         if e[0] == "-":
             i = index.get(e[1])
         else:  # "~": REF given, or the bid of the new line
@@ -239,26 +382,35 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
             i = index.get(e[1] if e[1] is not None else f"[{bid}]")
             if i is not None and _line_bid(old[i]) != bid:  # a change keeps the bid (else: - then +)
                 i = None
-        if i is None or i in removed or i in changed:
+        if i is None or i in removed or i in changed or i in blocks:
             n_bad += 1
         elif e[0] == "-":
             removed.add(i)
         else:
             changed[i] = e[2]
-    present = Counter(_line_bid(x) for i, x in enumerate(old) if i not in removed)
-    n_lines = len(old) - len(removed)
-    after: dict[int, list[str]] = defaultdict(list)
-    for a, line in adds:
+    present = Counter(_line_bid(x) for i, x in enumerate(old) if i not in removed and i not in blocks)
+    n_lines = len(old) - len(removed) - len(blocks)
+
+    def admit(line: str) -> bool:  # a new line: its bid not yet on the page, the tree not too long
+        nonlocal n_bad, n_lines
         bid = _line_bid(line)
         if (bid is not None and present[bid]) or n_lines >= max_lines:
             n_bad += 1
-            continue
+            return False
         present[bid] += 1
         n_lines += 1
-        after[a].append(line)
+        return True
+
+    blocks = {i: [x for x in lines if admit(x)] for i, lines in sorted(blocks.items())}
+    after: dict[int, list[str]] = defaultdict(list)
+    for a, line in adds:
+        if admit(line):
+            after[a].append(line)
     out = list(after[-1])
     for i, line in enumerate(old):
-        if i not in removed:
+        if i in blocks:
+            out.extend(blocks[i])
+        elif i not in removed:
             out.append(changed.get(i, line))
         out.extend(after.get(i, ()))
     return {"goal": s["goal"], "url": header.get("url", s["url"]), "axtree": "\n".join(out),

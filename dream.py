@@ -4,11 +4,12 @@
 
 Each iteration: imagined groups, G dreams per (task, seed), run by rollout.py on world_model.DreamEnv
 (the same asynchronous collector as real mode; a dream starts from a real page at any stage of a
-recorded episode and runs at most --dream-len imagined steps; the world model's `done: yes` is the
-reward), plus real expert trajectories at --real-ratio of the batch, then one policy update
-(update.py; GSPO by default). Every --replay-every iterations a few dreams are replayed on real
-pages (transitions.replay) to check the dream reward; those replays are the only real browser
-steps the loop takes (env/real_steps, apart from dream/steps).
+recorded episode, its earlier turns as the prompts' history, and runs at most --dream-len imagined
+steps; the reward is the world model's `done: yes`, or with --dream-reward judge the trajectory
+judge's verdict on the finished dream, judge.py), plus real expert trajectories at --real-ratio of
+the batch, then one policy update (update.py; GSPO by default). Every --replay-every iterations a
+few dreams are replayed on real pages (transitions.replay) to check the dream reward; those
+replays are the only real browser steps the loop takes (env/real_steps, apart from dream/steps).
 """
 from __future__ import annotations
 
@@ -56,15 +57,18 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
 
     Returns (counts, real browser steps taken, records). counts: replayed (dreams replayed without
     an env_error), matched (whose start page was reproduced exactly on real pages), and, among the
-    matched only, contradiction (predicted success differs from the real one) and false_success
-    (predicted success that did not happen); train_dream sums them over ranks into rates.
-    Records (for the HTML report): the dream with each turn's `real_observation` and
-    `predicted_success` / `real_success`.
+    matched only, contradiction (predicted success, the dream's reward, differs from the real one),
+    false_success (predicted success that did not happen), real_failures (the replays that did not
+    succeed), done_false_positive and judge_false_positive (of those, the ones the world model's
+    `done: yes`, or the judge (--dream-reward judge), called a success); train_dream sums them over
+    ranks into rates. Records (for the HTML report): the dream with each turn's `real_observation`
+    and `predicted_success` / `real_success`.
     """
     rng = random.Random(args.seed * 7919 + it)
     pool = [t for t in trajs if not t["env_error"] and t["turns"]]
     sample = rng.sample(pool, min(args.replay_samples, len(pool)))
-    counts = {"contradiction": 0, "false_success": 0, "matched": 0, "replayed": 0}
+    counts = dict.fromkeys(["contradiction", "false_success", "matched", "replayed", "real_failures",
+                            "done_false_positive", "judge_false_positive"], 0)
     steps = 0
     out = []
     for t in sample:
@@ -82,6 +86,10 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
             counts["matched"] += 1
             counts["contradiction"] += int(r["success"] != t["success"])
             counts["false_success"] += int(t["success"] and not r["success"])
+            if not r["success"]:
+                counts["real_failures"] += 1
+                counts["done_false_positive"] += int(t.get("done_success", t["success"]))
+                counts["judge_false_positive"] += int(t.get("judge_p", 0.0) > args.judge_threshold)
         turns = [{k: v for k, v in u.items() if k not in ("prompt_ids", "response_ids", "response_logprobs")}
                  for u in t["turns"]]
         obs_after = r["observations"] + [None] * (len(turns) - len(r["observations"]))
@@ -93,6 +101,21 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
                     "predicted_success": t["success"], "real_success": r["success"],
                     "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
     return counts, steps, out
+
+
+def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> dict:
+    """Each dream's reward, in place: every finished dream keeps the world model's verdict as
+    done_success; with --dream-reward judge the judge's verdict replaces its success and reward
+    (judge.judge_dreams; its figures are returned), else `done: yes` stays the reward ({})."""
+    for t in trajs:
+        if not t["env_error"]:
+            t["done_success"] = bool(t["success"])
+    if args.dream_reward != "judge" or judge_model is None:
+        return {}
+    import judge
+
+    return judge.judge_dreams(judge_model, judge_tok, trajs, threshold=args.judge_threshold,
+                              max_tokens=args.max_prompt_tokens, bf16=bool(args.bf16) and device.type == "cuda")
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,
@@ -134,14 +157,16 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     """--mode dream from iteration `it` (0, or the resumed checkpoint's; `extra` its counters) to
     args.iterations. Reads the dream-mode flags (real_ratio, dream_len, world_model, transitions,
     demos, expert_loss, replay_every, replay_samples) and the RL ones (groups_per_iter, group_size,
-    num_envs, step_timeout, temperature, max_new_tokens, prompt settings, save_every, keep_ckpts)."""
+    num_envs, step_timeout, temperature, max_new_tokens, prompt settings, save_every, keep_ckpts) and
+    the reward's (dream_reward, judge, judge_threshold): with --dream-reward judge each finished dream
+    is rewarded by the trajectory judge (judge.judge_dreams), the world model's `done:` only ends it."""
     import world_model
 
     real_steps, dream_steps = extra.get("env_steps", 0), extra.get("dream_steps", 0)
     demos = supervised.expert_trajectories(args.demos, args.tasks) if args.real_ratio > 0 else []
     if args.real_ratio > 0 and not demos:
         raise ValueError(f"{args.demos} holds no successful expert trajectory for tasks {args.tasks}")
-    pool, states = None, []
+    pool, server, states, judge_model, judge_tok = None, None, [], None, None
     if args.real_ratio < 1:
         if not os.path.exists(args.transitions):
             raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
@@ -152,11 +177,16 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
         wm, wm_tok = policy.load_model(args.world_model, device=device)
         wm.eval().requires_grad_(False)
-        # A dream step waits for the world model's lock behind up to num_envs - 1 others (DreamEnv),
-        # so its time limit scales with them; a dream has no page that can hang.
-        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len,
-                                                                  bf16=bool(args.bf16) and device.type == "cuda"),
+        # one Δ server: the steps of every waiting dream are generated in one batched call
+        server = world_model.DeltaServer(wm, wm_tok, bf16=bool(args.bf16) and device.type == "cuda",
+                                         max_batch=args.num_envs, max_prompt_tokens=args.max_prompt_tokens)
+        # A dream step waits for a batch of up to num_envs Δs (DeltaServer), so its time limit scales
+        # with them; a dream has no page that can hang.
+        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len, server=server),
                                 tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
+        if args.dream_reward == "judge":
+            judge_model, judge_tok = policy.load_model(args.judge, device=device)
+            judge_model.eval().requires_grad_(False)
     distributed.print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length "
                              f"{args.dream_len}, loss {args.loss}, expert loss {args.expert_loss}, world {world}")
     renv: list = []  # one real browser for the replay checks, opened on first use
@@ -169,12 +199,13 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         while it < args.iterations:
             t0 = time.time()
             jobs, real = dream_batch(args, it, rank, world, demos)
-            trajs, rstats = [], {}
+            trajs, rstats, jstats = [], {}, {}
             with distributed.full_params(model, opt):  # --fsdp: full weights on every rank through rollout and update
                 if jobs:
                     trajs, rstats = rollouts.rollout(gen, tok, pool, jobs, temperature=args.temperature,
                                                      max_new_tokens=args.max_new_tokens, prompt=args.prompt,
                                                      source="dream", progress=rank == 0, desc=f"dream {it}")
+                jstats = reward_dreams(trajs, judge_model, judge_tok, args, device)
                 lstats = dream_update(model, opt, tok, trajs, real, args, cfg, device, world,
                                       seed=args.seed * 1_000_003 + it, ref=ref)
             gen.push_weights(model)  # the next rollout samples from the updated policy
@@ -185,12 +216,16 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             it += 1
             real_steps += int(distributed.all_sum(steps_now, world))
             dream_steps += int(distributed.all_sum(rstats.get("env_steps", 0), world))
-            m = {**distributed.all_mean(rollouts.rollout_metrics(trajs, rstats), world), **lstats}
+            m = {**distributed.all_mean({**rollouts.rollout_metrics(trajs, rstats), **jstats}, world), **lstats}
             if replay_c:  # every rank replays at the same iterations, so these collectives match
                 c = dict(zip(sorted(replay_c), distributed.all_sums([replay_c[k] for k in sorted(replay_c)], world)))
                 m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),
                           "dream/replay_contradiction": c["contradiction"] / max(1, c["matched"]),
-                          "dream/replay_false_success": c["false_success"] / max(1, c["matched"])})
+                          "dream/replay_false_success": c["false_success"] / max(1, c["matched"]),
+                          "dream/replay_real_failures": c["real_failures"],
+                          "dream/replay_done_false_positive_rate": c["done_false_positive"] / max(1, c["real_failures"])})
+                if args.dream_reward == "judge":
+                    m["dream/replay_judge_false_positive_rate"] = c["judge_false_positive"] / max(1, c["real_failures"])
             m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
             logger.log(m, it)
             if rank == 0 and replays:
@@ -211,5 +246,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     finally:
         if pool is not None:
             pool.close()
+        if server is not None:
+            server.close()
         for e in renv:
             e.close()

@@ -55,6 +55,11 @@ class Trajectory(TypedDict):
     real_success: NotRequired[bool]  # dream replays: what happened on real pages
     start_match: NotRequired[bool]   # dream replays: the real page after the prefix equals the dream's start
     start: NotRequired[dict]         # dream replays: {task, seed, prefix} of the start state
+    context: NotRequired[list[dict]]  # dreams from stage k of a real episode: its first k turns
+                                     # [{observation, response}], the prompts' history; never trained on
+    final_observation: NotRequired[str]  # env.Obs.text of the page after the last action (rollout.py)
+    done_success: NotRequired[bool]  # dreams: the world model's `done: yes` (the reward under --dream-reward done)
+    judge_p: NotRequired[float]      # dreams under --dream-reward judge: the judge's P(yes) (judge.py)
 
 
 def new_trajectory(task: str, seed, source: str) -> Trajectory:

@@ -19,7 +19,10 @@ reset/step/close travel over a Pipe. Threads share one interpreter (and its GIL)
 Playwright client, the page observations and the generator; processes do not, at the price of a
 pickle per call and a Python process per browser. bench.py --only workers measures both.
 
-Each episode is a records.Trajectory (records.py). With an env that takes screenshots
+Each episode is a records.Trajectory (records.py). An environment whose reset observation has a
+`context` (world_model.DreamObs: the real episode before a dream's start page) starts the prompts'
+history with it; the trajectory keeps it under `context`, apart from its turns, so no update scores
+it. With an env that takes screenshots
 (WebEnv(screenshots=True)), each turn also holds `screenshot` (base64 JPEG of the page the agent
 acted on) and the trajectory `final_screenshot` (the last page); the keys are absent otherwise.
 
@@ -132,8 +135,12 @@ class _Worker(threading.Thread):
         if getattr(obs, "env_error", False):  # the browser could not load the page: no step is taken
             traj.update(env_error=True, error=obs.error)
             return traj
+        # a dream's real episode so far (DreamObs.context): prompt history, never a trained turn
+        context = [{"observation": u["observation"], "response": u["response"]} for u in getattr(obs, "context", ())]
+        if context:
+            traj["context"] = context
         while True:
-            history = [{"observation": u["observation"], "response": u["response"]} for u in traj["turns"]]
+            history = context + [{"observation": u["observation"], "response": u["response"]} for u in traj["turns"]]
             prompt = call.settings.build(self.pool.tokenizer, history, obs.text)
             req = _Request(prompt)
             call.requests.put(req)
@@ -162,6 +169,7 @@ class _Worker(threading.Thread):
             traj["steps"] += 1
             if done:
                 _add_screenshot(traj, "final_screenshot", obs_next)
+                traj["final_observation"] = obs_next.text  # the page after the last action (judge.py reads it)
                 traj["reward"] = float(reward)
                 traj["success"] = bool(info.get("success", reward >= 1.0))
                 traj["env_error"] = bool(info.get("env_error", False))

@@ -1,13 +1,16 @@
-"""Supervised training: behaviour cloning on expert trajectories (--mode bc) and the Δ world model
-on real transitions (--mode wm). One loop: -log p(target | prompt), averaged over target tokens.
+"""Supervised training: behaviour cloning on expert trajectories (--mode bc), the Δ world model on
+real transitions (--mode wm) and the trajectory judge on real outcomes (--mode judge). One loop:
+-log p(target | prompt), averaged over target tokens.
 
     python train.py --mode bc --demos runs/demos.jsonl --out runs/bc [--think]
     python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm
+    python train.py --mode judge --transitions runs/transitions.jsonl --judge-trajectories runs/demos.jsonl --out runs/judge
 
 BC (WebAgent-R1 Sec. 3.1): every turn of every successful expert trajectory is a sample, its
 prompt built exactly as at rollout time (compress.py: compression, budget, system prompt), its
 target the expert's reply, with --think a short grounded thought before the action
-(experts.thought). WM (DynaWeb Sec. 3, Eq. 2): world_model.wm_samples, target the Δ.
+(experts.thought). WM (DynaWeb Sec. 3, Eq. 2): world_model.wm_samples, target the Δ. Judge
+(DynaWeb's r(τ̂, q)): judge.judge_samples, target `yes` or `no`.
 
 Each optimizer step takes a batch of --batch-size samples from a per-epoch permutation (the same on
 every rank; each rank takes every world-th one), micro-batches sorted by length (less padding, the
@@ -78,6 +81,22 @@ def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
     return samples
 
 
+def judge_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, `yes`/`no` ids + end-of-turn) for every prefix of every real episode of args.tasks
+    in the transitions file and in args.judge_trajectories (comma-separated trajectory files: real or
+    expert episodes), judge.py. Errors: FileNotFoundError as wm_samples; ValueError when none is usable."""
+    import judge
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--transitions {path} not found: write it with `python world_model.py --collect`")
+    trs = [t for t in read_jsonl(path) if t["task"] in args.tasks]
+    trajs = [t for f in (args.judge_trajectories or "").split(",") if f for t in read_jsonl(f) if t["task"] in args.tasks]
+    samples = judge.judge_samples(trs, trajs, tokenizer, max_tokens=args.max_prompt_tokens)
+    if not samples:
+        raise ValueError(f"{path} holds no episode for tasks {args.tasks}")
+    return samples
+
+
 def batch_indices(lengths: list[int], step: int, batch_size: int, seed: int, rank: int = 0, world: int = 1,
                   by_length: bool = True) -> list[int]:
     """This rank's samples for optimizer step `step` (0-based): each epoch a permutation seeded with
@@ -94,11 +113,14 @@ def batch_indices(lengths: list[int], step: int, batch_size: int, seed: int, ran
 
 
 def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world: int, device) -> None:
-    """Run --mode bc or wm from optimizer step `step` (0, or the resumed checkpoint's) to the end
+    """Run --mode bc, wm or judge from optimizer step `step` (0, or the resumed checkpoint's) to the end
     (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
-    Reads args: mode, demos or transitions, tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
+    Reads args: mode, demos or transitions (and judge_trajectories), tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
     save_every, keep_ckpts, out, and the prompt settings."""
-    samples = bc_samples(args.demos, tok, args) if args.mode == "bc" else wm_samples(args.transitions, tok, args)
+    if args.mode == "bc":
+        samples = bc_samples(args.demos, tok, args)
+    else:
+        samples = (wm_samples if args.mode == "wm" else judge_samples)(args.transitions, tok, args)
     tag = args.mode
     if args.batch_size % world:
         raise ValueError(f"--batch-size {args.batch_size} must divide evenly over {world} ranks")

@@ -5,6 +5,7 @@
     torchrun --nproc_per_node 2 train.py --mode real --init runs/bc/final      # same, 2 processes
     python train.py --mode real --out runs/real --resume                      # continue an interrupted run
     python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm   # the Δ world model
+    python train.py --mode judge --transitions runs/transitions.jsonl --out runs/judge   # the dreams' judge
     python train.py --mode dream --init runs/bc/final --real-ratio 0.4           # GSPO in dreams (DynaWeb)
 
 --mode bc:   supervised fine-tuning on expert trajectories, loss on action tokens only
@@ -12,6 +13,7 @@
 --mode real: M-GRPO (mgrpo.py) on trajectories collected in real headless Chromium (rollout.py),
              every prompt built with dynamic context compression (compress.py).
 --mode wm:    the world model (world_model.py): -log p(Δ | goal, page, action) on real transitions.
+--mode judge: the trajectory judge (judge.py): -log p(yes/no | goal, pages, actions) on real outcomes.
 --mode dream: DynaWeb: GSPO (gspo.py) on imagined rollouts (world_model.DreamEnv, run by rollout.py
              unchanged), with a share --real-ratio of every batch made of real expert trajectories.
 
@@ -58,9 +60,10 @@ from runlog import Logger
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
-    g.add_argument("--mode", choices=["bc", "wm", "real", "dream"], required=True,
-                   help="bc: behaviour cloning; wm: train the Δ world model; real: RL on real pages; "
-                        "dream: RL on the world model's imagined pages mixed with real expert trajectories")
+    g.add_argument("--mode", choices=["bc", "wm", "judge", "real", "dream"], required=True,
+                   help="bc: behaviour cloning; wm: train the Δ world model; judge: train the trajectory judge "
+                        "(judge.py); real: RL on real pages; dream: RL on the world model's imagined pages mixed "
+                        "with real expert trajectories")
     g.add_argument("--out", default=None, help="run folder (checkpoints, logs); default runs/<mode>")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     g.add_argument("--seed", type=int, default=0, help="random seed (each rank adds its rank)")
@@ -96,7 +99,11 @@ def parse_args(argv=None):
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g = p.add_argument_group("data and environment")
     g.add_argument("--demos", default="runs/demos.jsonl", help="bc: expert trajectories (python experts.py)")
-    g.add_argument("--transitions", default="runs/transitions.jsonl", help="wm: real transitions (python world_model.py --collect)")
+    g.add_argument("--transitions", default="runs/transitions.jsonl",
+                   help="wm, judge, dream: real transitions (python world_model.py --collect)")
+    g.add_argument("--judge-trajectories", default="",
+                   help="judge: comma-separated trajectory files of real or expert episodes to learn outcomes from "
+                        "too (e.g. runs/demos.jsonl), besides --transitions")
     g.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
     # prompt format: default as the --init checkpoint was trained (its webdream.json), else checkpoint.PROMPT_DEFAULTS
     g.add_argument("--max-steps", type=int, default=None, help="turns per episode (test-time interaction budget; default 6)")
@@ -150,6 +157,12 @@ def parse_args(argv=None):
     g.add_argument("--replay-every", type=int, default=2,
                    help="every N iterations, replay a sample of dreams on real pages to check the dream reward (0: never)")
     g.add_argument("--replay-samples", type=int, default=4, help="dreams replayed per check and rank")
+    g.add_argument("--dream-reward", choices=["done", "judge"], default="done",
+                   help="a dream's reward: the world model's `done: yes`, or the trajectory judge's verdict on the "
+                        "finished dream (DynaWeb's self-evaluation, judge.py; --judge)")
+    g.add_argument("--judge", default="runs/judge/final", help="--dream-reward judge: the judge checkpoint "
+                   "(train.py --mode judge)")
+    g.add_argument("--judge-threshold", type=float, default=0.5, help="the judge says yes when P(yes) is above this")
     args = p.parse_args(argv)
     # derived values and checks, right after parsing
     args.out = args.out or os.path.join("runs", args.mode)
@@ -171,6 +184,9 @@ def parse_args(argv=None):
     if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):
         p.error(f"--world-model {args.world_model}: no such checkpoint folder; train one with "
                 "`python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm`")
+    if args.mode == "dream" and args.dream_reward == "judge" and args.real_ratio < 1.0 and not os.path.isdir(args.judge):
+        p.error(f"--judge {args.judge}: no such checkpoint folder; train one with `python train.py --mode judge "
+                "--transitions runs/transitions.jsonl --out runs/judge`")
     if args.loss is None:
         args.loss = "gspo" if args.mode == "dream" else "mgrpo"
     for name in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "batch_size", "max_steps"):
@@ -371,7 +387,7 @@ def main(argv=None):
     step, extra = checkpoint.restore_state(resume, opt, rank, model) if resume else (0, {})
     logger = Logger(args.out, enabled=rank == 0, resume_step=step if resume else None)
     try:
-        if args.mode in ("bc", "wm"):
+        if args.mode in ("bc", "wm", "judge"):
             import supervised
 
             supervised.train_supervised(args, model, tok, opt, logger, step, rank, world, device)

@@ -130,32 +130,53 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     return dict(counts)
 
 
+def delta_label(t: dict) -> str:
+    """The Δ label of a recorded transition, written by today's `delta.diff` from its two pages and its
+    outcome (so a file recorded before a change of the format, e.g. the `=` block, trains with the new
+    one); equal to t["delta"] for transitions recorded since."""
+    return diff(t["obs"], t["next_obs"], done_status(bool(t["success"]), bool(t["done"]) and not t.get("truncated")))
+
+
 def load_transitions(path: str) -> list[dict]:
     """The records of a transitions file (runlog.read_jsonl: a cut last line is skipped)."""
     return read_jsonl(path)
 
 
 def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
-    """Distinct pre-action states {task, goal, url, axtree, seed, prefix} of real transitions (every
-    stage of an episode, not only its first page), in first-seen order; only `task`'s when given.
+    """Distinct pre-action states {task, goal, url, axtree, error, seed, prefix, prefix_obs} of real
+    transitions (every stage of an episode, not only its first page), in first-seen order; only
+    `task`'s when given. error is the error the page showed (the previous action's).
 
     seed and prefix (the actions taken on that seed since reset, in order) say how to reach the
-    state again on real pages (`replay`). Transitions must be in file order: an episode's steps
-    consecutive, starting at step 0 (collect_transitions writes them so)."""
-    seen, out, prefix = set(), [], {}
+    state again on real pages (`replay`); prefix_obs holds the recorded page ({url, axtree, error})
+    each of those actions was taken on, so a dream can show the episode so far (`history`).
+    Transitions must be in file order: an episode's steps consecutive, starting at step 0
+    (collect_transitions writes them so)."""
+    seen, out, prefix, pages = set(), [], {}, {}
     for t in transitions:
         key_ep = (t["task"], t.get("seed"))
         if t.get("step", 0) == 0:
-            prefix[key_ep] = []
-        actions = prefix.setdefault(key_ep, [])
+            prefix[key_ep], pages[key_ep] = [], []
+        actions, obs = prefix.setdefault(key_ep, []), pages.setdefault(key_ep, [])
         if task is None or t["task"] == task:
             key = (t["task"], t["goal"], t["obs"]["url"], t["obs"]["axtree"])
             if key not in seen:
                 seen.add(key)
                 out.append({"task": t["task"], "goal": t["goal"], "url": t["obs"]["url"], "axtree": t["obs"]["axtree"],
-                            "seed": t.get("seed"), "prefix": list(actions)})
+                            "error": t["obs"].get("error", "") or "", "seed": t.get("seed"), "prefix": list(actions),
+                            "prefix_obs": list(obs)})
         actions.append(t["action"])
+        obs.append({k: t["obs"].get(k, "") or "" for k in ("url", "axtree", "error")})
     return out
+
+
+def history(start: dict) -> list[dict]:
+    """The episode so far of a start state, as prompt turns [{observation, response}]: each earlier
+    page's observation text (env.Obs.text, as the agent saw it) and the action taken on it, oldest
+    first; [] at an episode's first page or for a state recorded without prefix_obs."""
+    pages = start.get("prefix_obs") or []
+    return [{"observation": Obs(start.get("goal", ""), p.get("url", ""), p.get("axtree", ""), p.get("error", "") or "").text,
+             "response": a} for p, a in zip(pages, start.get("prefix", []))]
 
 
 def pick_start_state(states: list[dict], seed: int, task: str | None = None) -> dict:

@@ -14,15 +14,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
+import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 import compress
 import policy
 from actions import ActionParseError, parse_action
 from delta import apply, as_state, delta_lines, predicted_done, predicted_status, tree_f1, tree_lines
 from env import Obs
-from transitions import collect_transitions, episodes_of, load_transitions, pick_start_state
+from transitions import (collect_transitions, delta_label, episodes_of, history, load_transitions,
+                         pick_start_state)
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 # Short on purpose: it is in every world-model sequence.
 WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with edits: `- REF` remove, "
-                    "`~ LINE` change, `+ REF LINE` add after REF, then `done: yes|no|fail`.")
+                    "`~ LINE` change, `+ REF LINE` add after REF, `= REF LINE` then `| LINE`s replace REF's "
+                    "subtree, then `done: yes|no|fail`.")
 
 
 def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = None) -> list[dict]:
@@ -62,7 +67,7 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
     """(prompt ids, target ids) per transition for train.py --mode wm, where the loss is
     -log p(Δ | goal, o_t, a_t) summed over the target tokens only (DynaWeb Sec. 3, Eq. 2).
 
-    target = Δ's tokens + the end-of-turn id (tokenizer.eos_token_id, as in bc_samples). A
+    target = Δ's tokens (transitions.delta_label: today's diff) + the end-of-turn id (as in bc_samples). A
     transition whose prompt + target exceeds `max_tokens` is skipped (cutting the tree would make
     the label refer to lines the prompt no longer shows); the number skipped is logged.
     """
@@ -70,7 +75,7 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
     out, skipped = [], 0
     for t in transitions:
         prompt = compress.render(tokenizer, wm_messages(t["goal"], t["obs"], t["action"]))
-        target = compress.encode_text(tokenizer, t["delta"]) + [eos]
+        target = compress.encode_text(tokenizer, delta_label(t)) + [eos]
         if len(prompt) + len(target) > max_tokens:
             skipped += 1
             continue
@@ -89,7 +94,8 @@ def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_to
     states: env.Obs or dicts with goal (unless `goals` is given), url and axtree. Returns the Δ
     texts. A reply cut by max_new_tokens loses its unfinished last line (a half line such as
     `~ [14] textbox value='My` would still apply, wrongly); with no `done:` line it reads as `done: no`.
-    Opening a tab on click-tab-2 takes 180-260 Δ tokens: keep max_new_tokens at 256 or more.
+    Opening a tab on click-tab-2 takes 145-175 Δ tokens as an `=` block (180-260 line by line, the
+    labels before the block): keep max_new_tokens at 256 or more.
     """
     if not states:
         return []
@@ -141,7 +147,7 @@ def score_predictions(transitions: list[dict], preds: list[str]) -> dict:
         o, nb = apply(t["obs"], d)
         exact += int(o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"])
         bad += nb
-        p, q = Counter(delta_lines(d)), Counter(delta_lines(t["delta"]))
+        p, q = Counter(delta_lines(d)), Counter(delta_lines(delta_label(t)))
         tp += sum((p & q).values())
         n_pred += sum(p.values())
         n_true += sum(q.values())
@@ -199,27 +205,119 @@ def drift(model, tokenizer, transitions: list[dict], k_max: int = 5, *, max_new_
 _PREDICT_LOCK = threading.Lock()
 
 
+@dataclass
+class DreamObs(Obs):
+    """DreamEnv.reset's observation: an env.Obs plus `context`, the real episode so far at the start
+    state ([{observation, response}], transitions.history), which rollout.py puts in the prompts'
+    history (trajectory key `context`) and never trains on."""
+    context: list = field(default_factory=list, repr=False, compare=False)
+
+
+class DeltaServer:
+    """One thread that generates the Δ of every waiting DreamEnv in one batched `predict_delta` call
+    (rollout.py's dynamic batching, for the world model).
+
+    predict(state, action) blocks its caller (a rollout worker thread) until the Δ is there. The
+    server takes the first waiting request, waits up to `linger` seconds for others (at most
+    `max_batch` in all), then generates them together, greedily: rows are padded on the left with
+    their own positions, so each row's Δ is the one batch-1 generation gives (tests check it on a
+    tiny model; floating-point sums in a batch can still differ in the last bits). An exception in
+    generation is raised in every caller of that batch. stats: calls, requests, generate_s.
+    close() ends the thread; requests after it raise RuntimeError.
+    """
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, max_prompt_tokens: int = 1024,
+                 bf16: bool = False, max_batch: int = 16, linger: float = 0.02):
+        self.model, self.tokenizer, self.max_batch, self.linger = model, tokenizer, max_batch, linger
+        self.max_new_tokens, self.max_prompt_tokens, self.bf16 = max_new_tokens, max_prompt_tokens, bf16
+        self.requests: "queue.Queue" = queue.Queue()
+        self.stats = Counter()
+        self.closed = False
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="delta-server")
+        self.thread.start()
+
+    def predict(self, state, action: str) -> str:
+        """The greedy Δ for (state, action): state an env.Obs or a dict with goal, url and axtree."""
+        if self.closed:
+            raise RuntimeError("DeltaServer is closed")
+        reply: "queue.Queue" = queue.Queue(maxsize=1)
+        self.requests.put((state, action, reply))
+        while True:
+            try:
+                out = reply.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and reply.empty():  # closed after this request came in
+                    raise RuntimeError("DeltaServer is closed") from None
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def _serve(self) -> None:
+        stop = False
+        while not stop:
+            first = self.requests.get()
+            if first is None:
+                break
+            batch, deadline = [first], time.perf_counter() + self.linger
+            while len(batch) < self.max_batch:
+                try:
+                    r = self.requests.get(timeout=max(0.0, deadline - time.perf_counter()))
+                except queue.Empty:
+                    break
+                if r is None:
+                    stop = True
+                    break
+                batch.append(r)
+            t0 = time.perf_counter()
+            try:
+                out = predict_delta(self.model, self.tokenizer, [b[0] for b in batch], [b[1] for b in batch],
+                                    self.max_new_tokens, max_prompt_tokens=self.max_prompt_tokens,
+                                    batch_size=len(batch), bf16=self.bf16)
+            except Exception as e:  # every caller of this batch gets the error; the server goes on
+                out = [RuntimeError(f"Δ generation failed: {type(e).__name__}: {e}")] * len(batch)
+            self.stats.update(calls=1, requests=len(batch), generate_s=time.perf_counter() - t0)
+            for (_, _, reply), d in zip(batch, out):
+                reply.put(d)
+        while True:  # anyone still waiting learns that the server is gone
+            try:
+                r = self.requests.get_nowait()
+            except queue.Empty:
+                break
+            if r is not None:
+                r[2].put(RuntimeError("DeltaServer is closed"))
+
+    def close(self) -> None:
+        """Finish the batch in hand, then end the thread (a later predict raises RuntimeError)."""
+        self.closed = True
+        self.requests.put(None)
+        self.thread.join(timeout=600)
+
+
 class DreamEnv:
     """An environment with WebEnv's interface whose pages come from the world model (DynaWeb's
     imagined rollouts).
 
     reset(seed) starts from a real state (`start_states`, any stage of a real episode), chosen
-    deterministically from the seed; step(text) parses the action like WebEnv (a parse error costs a
-    step, changes nothing and is shown as Obs.error), predicts Δ greedily and applies it. The episode
-    ends when Δ says `done: yes` (reward 1) or `done: fail` (reward 0), or after `dream_len` steps
-    (truncated). info: WebEnv's keys (action, error, success, env_error, raw_reward, truncated) plus
-    delta and bad_lines.
+    deterministically from the seed, and returns a DreamObs whose `context` is that episode's
+    earlier pages and actions (transitions.history): rollout.py shows them to the policy as the
+    prompt's history, so the first dream prompt is the one the policy sees at that stage on real
+    pages. step(text) parses the action like WebEnv (a parse error costs a step, changes nothing and
+    is shown as Obs.error), predicts Δ greedily and applies it. The episode ends when Δ says
+    `done: yes` (reward 1) or `done: fail` (reward 0), or after `dream_len` steps (truncated).
+    info: WebEnv's keys (action, error, success, env_error, raw_reward, truncated) plus delta and
+    bad_lines.
 
-    rollout.py steps its environments one at a time after one batched policy generate, so each
-    step here is its own generate call (batch 1), serialised by a process-wide lock (rollout's
-    worker threads would otherwise run several generations at once on the same cores). On CPU,
-    generation is prefill-bound and batching barely helps; on GPUs, batching the Δ of every waiting
-    DreamEnv in one predict_delta call is the next speed-up. `self.start` is the real state the
-    current dream began from (with its seed and prefix, for `replay`).
+    Δ generation: with `server` (a DeltaServer shared by every DreamEnv of a rollout) the Δs of all
+    waiting dreams are generated in one batched call; without it each step is its own batch-1
+    generation, serialised by a process-wide lock (concurrent calls would only fight for the
+    cores). `self.start` is the real state the current dream began from (with its seed, prefix
+    and prefix_obs, for `replay`).
     """
 
     def __init__(self, model, tokenizer, start_states: list[dict], dream_len: int = 5, *, task: str | None = None,
-                 max_new_tokens: int = 256, max_prompt_tokens: int = 1024, bf16: bool = False):
+                 max_new_tokens: int = 256, max_prompt_tokens: int = 1024, bf16: bool = False,
+                 server: DeltaServer | None = None):
         states = [s for s in start_states if task is None or s.get("task") == task]
         if not states:
             raise ValueError(f"DreamEnv needs at least one start state{f' of task {task!r}' if task else ''}")
@@ -229,6 +327,7 @@ class DreamEnv:
         self.task = task or (tasks.pop() if len(tasks) == 1 else None)
         self.model, self.tokenizer, self.states, self.dream_len = model, tokenizer, states, dream_len
         self.max_new_tokens, self.max_prompt_tokens, self.bf16 = max_new_tokens, max_prompt_tokens, bf16
+        self.server = server
         self.state: dict | None = None
         self.seed: int | None = None
         self.goal = ""
@@ -236,7 +335,7 @@ class DreamEnv:
         self.t = 0
         self.done = True
 
-    def reset(self, seed: int, task: str | None = None) -> Obs:
+    def reset(self, seed: int, task: str | None = None) -> DreamObs:
         """Start a dream from the start state that `seed` picks (among those of `task`, when given).
         Raises ValueError if there is no start state of that task."""
         self.seed, self.t, self.done = seed, 0, False
@@ -249,7 +348,14 @@ class DreamEnv:
         self.goal = self.state["goal"]
         if s.get("task"):
             self.task = s["task"]
-        return Obs(self.goal, self.state["url"], self.state["axtree"], "", 0)
+        return DreamObs(self.goal, self.state["url"], self.state["axtree"], self.state["error"], 0, context=history(s))
+
+    def _predict(self, action: str) -> str:
+        if self.server is not None:
+            return self.server.predict(self.state, action)
+        with _PREDICT_LOCK:  # one Δ generation at a time: on CPU, concurrent calls only fight for cores
+            return predict_delta(self.model, self.tokenizer, [self.state], [action], self.max_new_tokens,
+                                 max_prompt_tokens=self.max_prompt_tokens, batch_size=1, bf16=self.bf16)[0]
 
     def step(self, text: str) -> tuple[Obs, float, bool, dict]:
         if self.done:
@@ -264,9 +370,7 @@ class DreamEnv:
         status = "no"
         if action is not None:
             info["action"] = action
-            with _PREDICT_LOCK:  # one Δ generation at a time: on CPU, concurrent calls only fight for cores
-                delta = predict_delta(self.model, self.tokenizer, [self.state], [action], self.max_new_tokens,
-                                      max_prompt_tokens=self.max_prompt_tokens, batch_size=1, bf16=self.bf16)[0]
+            delta = self._predict(action)
             self.state, info["bad_lines"] = apply(self.state, delta)
             info["delta"], info["error"] = delta, self.state["error"]
             status = predicted_status(delta)
@@ -304,8 +408,6 @@ if __name__ == "__main__":
         print(collect_transitions(tasks, seeds, a.collect, random_frac=a.random_frac, max_steps=a.max_steps,
                                   progress=True))
     if a.eval:
-        import time
-
         m, tok = policy.load_model(a.eval)
         data = [t for t in load_transitions(a.data) if t["task"] in tasks]
         t0 = time.time()

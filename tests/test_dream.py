@@ -144,7 +144,11 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                         "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",
                         "--iterations", "2", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
                         "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "2", "--replay-samples", "1",
-                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"],
+                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"]
+                       # the gspo run also rewards its dreams with a (tiny, random) trajectory judge; the nll run
+                       # trains with M-GRPO and a KL penalty to its start (the reference model)
+                       + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
+                          ["--loss", "mgrpo", "--kl-coef", "0.1"]),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -156,10 +160,15 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
     assert "dream/replay_contradiction" in ms[1] and "dream/replay_contradiction" not in ms[0]
     if expert_loss == "nll":
         assert all(x["loss/nll"] > 0 and x["dream/real_share"] == 0.5 for x in ms)
+        # iteration 1's likelihood step moved the policy off its start: iteration 2's KL to the reference acts
+        assert ms[1]["loss/kl"] > 0
     else:
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
+        assert all(x["judge/n"] == 2 for x in ms) and "dream/replay_judge_false_positive_rate" in ms[1]
+    assert "dream/replay_done_false_positive_rate" in ms[1]
     rec = [json.loads(line) for line in open(os.path.join(out, "dream_replays.jsonl"))]
     assert len(rec) == 1 and rec[0]["source"] == "dream" and "real_observation" in rec[0]["turns"][0]
+    assert "done_success" in rec[0] and ("judge_p" in rec[0]) == (expert_loss == "gspo")
     html = open(os.path.join(out, "report", "report.html")).read()  # iteration 2's report, the replayed dream in it
     assert "data-source='dream'" in html and "predicted success" in html
     state = torch.load(os.path.join(out, "final", "trainer_state.pt"), weights_only=False)
@@ -196,3 +205,143 @@ def test_the_advantage_key_is_the_advantage_used(tok, loss):
                                    "--loss", loss)
         err = rel_error(g, scaled(ref, a))
         assert err < 1e-5 and stats["loss/trajectories_trained"] == 1, (a, err)
+
+
+def recorded_obs(t: dict, key: str = "obs") -> str:
+    """The observation text the agent saw on a recorded transition's page (env.Obs.text)."""
+    from env import Obs
+
+    o = t[key]
+    return Obs(t["goal"], o["url"], o["axtree"], o.get("error", "")).text
+
+
+class Replies:
+    """A generator (generators.py's contract) that answers `text` to every prompt and keeps the prompts."""
+
+    def __init__(self, tok, text):
+        self.tok, self.text, self.prompts = tok, text, []
+
+    def generate(self, prompts, **kw):
+        self.prompts += prompts
+        ids = self.tok.encode(self.text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=self.text) for _ in prompts]
+
+
+@pytest.mark.parametrize("keep_last", [1, 3])
+def test_a_dream_from_stage_k_is_prompted_like_the_real_episode_at_stage_k(tok, keep_last):
+    import compress
+    import rollout
+
+    trs = trans.load_transitions(DATA)
+    ep = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 1]  # four recorded steps
+    states = trans.start_states(trs, "click-tab-2")
+    k = 3
+    start = next(s for s in states if s["axtree"] == ep[k]["obs"]["axtree"] and s["seed"] == 1)
+    assert start["prefix"] == [t["action"] for t in ep[:k]] and len(start["prefix_obs"]) == k
+    seed = next(x for x in range(1000) if trans.pick_start_state(states, x, "click-tab-2") is start)
+    # the prompt the policy sees at stage k of the real episode: the first k pages and actions, then page k
+    settings = compress.PromptSettings(keep_last=keep_last)
+    real_history = [{"observation": recorded_obs(t), "response": t["action"]} for t in ep[:k]]
+    real = settings.build(tok, real_history, recorded_obs(ep[k]))
+    pool = rollout.EnvPool(lambda task: wm.DreamEnv(None, tok, states, dream_len=2, server=Fixed("~ [33] x\ndone: no")),
+                           tok, num_envs=1)
+    gen = Replies(tok, "click('33')")
+    try:
+        (traj,), _ = rollout.rollout(gen, tok, pool, [("click-tab-2", seed)], prompt=settings, source="dream")
+    finally:
+        pool.close()
+    assert traj["turns"][0]["prompt_ids"] == real
+    assert traj["context"] == real_history and traj["steps"] == len(traj["turns"]) == 2
+    # the second prompt: the same k turns, then the dream's own first turn
+    hist2 = real_history + [{"observation": traj["turns"][0]["observation"], "response": "click('33')"}]
+    assert traj["turns"][1]["prompt_ids"] == settings.build(tok, hist2, traj["turns"][1]["observation"])
+    assert "\n[33] x\n" in traj["turns"][1]["observation"] or "\n [33] x\n" in traj["turns"][1]["observation"]
+    assert traj["final_observation"] == traj["turns"][1]["observation"]  # (the second Δ changes nothing)
+
+
+class Fixed:
+    """A stand-in for world_model.DeltaServer that predicts the same Δ for every step."""
+
+    def __init__(self, delta):
+        self.delta, self.calls = delta, []
+
+    def predict(self, state, action):
+        self.calls.append((dict(state), action))
+        return self.delta
+
+
+def test_the_update_never_scores_the_context(tok):
+    # a trajectory's context is prompt history only: policy_update's samples are its turns
+    model = policy.tiny_model(tok)
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--lr", "1e-3"])
+    p, r = expert_turn(tok, "click('12')")
+    t = {"task": "click-button", "seed": 0, "env_error": False, "reward": 1.0, "success": True, "advantage": 1.0,
+         "turns": [{"prompt_ids": p, "response_ids": r}]}
+    scored = []
+    real_score = update.score
+
+    def spy(model, tok, batch, *a):
+        scored.extend(len(b[2]) for b in batch)
+        return real_score(model, tok, batch, *a)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(update, "score", spy):
+        update.policy_update(model, torch.optim.AdamW(model.parameters()), tok,
+                             [dict(t, context=[{"observation": "Goal: x\nURL: y\n[1] button 'z'", "response": "click('1')"}] * 3)],
+                             train.update_config(args), "cpu", 1)
+    assert scored == [len(r)]
+
+
+def dream_group(tok, rewards):
+    """One group of dreams (the same task and seed), one turn each, with these rewards."""
+    p, r = expert_turn(tok, "click('12')")
+    return [{"task": "click-button", "seed": 5, "source": "dream", "env_error": False, "reward": float(x),
+             "success": bool(x), "steps": 1, "turns": [{"prompt_ids": p, "response_ids": r}]} for x in rewards]
+
+
+def expert_demos(n):
+    obs = "Goal: Click on the \"OK\" button.\nURL: click-button.html\n[12] button 'OK'"
+    return [{"task": "click-button", "seed": k, "success": True, "turns": [{"observation": obs, "action": "click('12')"}]}
+            for k in range(n)]
+
+
+def test_the_logged_dream_reward_leaves_the_expert_trajectories_out(tok):
+    # --expert-loss gspo: the experts are GSPO samples (reward 1) in the update, but rollout/reward is the dreams'
+    model = policy.tiny_model(tok)
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--expert-loss", "gspo"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    stats = dream.dream_update(model, opt, tok, dream_group(tok, [1, 0, 0, 0]), expert_demos(2), args,
+                               train.update_config(args), "cpu", 1, seed=0)
+    assert stats["loss/trajectories"] == 6  # four dreams and two experts were trained on
+    assert stats["rollout/reward"] == 0.25  # (the update's own mean would be 3 / 6)
+    assert (stats["dream/trajectories"], stats["dream/real_trajectories"]) == (4, 2)
+
+
+def test_dream_mode_with_mgrpo_and_kl_builds_the_reference_and_its_kl_acts(tmp_path, tok, monkeypatch):
+    # main builds `ref` (the run's start) for dream mode and hands it on to train_dream -> policy_update
+    seen = {}
+
+    def spy(*a, ref=None, **k):
+        seen["ref"], seen["model"] = ref, a[1]
+        seen["cfg"] = a[6]
+
+    monkeypatch.setattr(dream, "train_dream", spy)
+    train.main(["--mode", "dream", "--tiny", "--world-model", ROOT, "--loss", "mgrpo", "--kl-coef", "0.1",
+                "--out", str(tmp_path / "run"), "--tasks", "click-button"])
+    assert seen["ref"] is not None and seen["ref"] is not seen["model"] and seen["cfg"].kl_coef == 0.1
+    assert not any(p.requires_grad for p in seen["ref"].parameters())
+    # ... and the update uses it: the k3 KL of a policy that has moved away from its reference is in the loss
+    model = policy.tiny_model(tok)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--loss", "mgrpo", "--kl-coef", "0.1",
+                             "--expert-loss", "gspo"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    group = dream_group(tok, [0, 0, 0, 0])  # no reward signal: only the KL term has a gradient
+    stats = dream.dream_update(model, opt, tok, group, [], args, train.update_config(args), "cpu", 1, seed=0,
+                               ref=seen["ref"])
+    assert stats["loss/kl"] > 0 and stats["loss/trajectories_trained"] == 4 and stats["loss/grad_norm"] > 0
+    with pytest.raises(ValueError, match="reference"):
+        dream.dream_update(model, opt, tok, group, [], args, train.update_config(args), "cpu", 1, seed=0)

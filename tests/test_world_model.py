@@ -4,6 +4,7 @@ tests/data/transitions.jsonl holds real MiniWoB transitions (real Chromium, expe
 actions); rewrite it with `python tests/test_world_model.py`.
 """
 import os
+import re
 import shutil
 import sys
 
@@ -32,6 +33,9 @@ OLD = "\n".join([
     " StaticText 'world'",
     "[19] textbox",
 ])
+
+
+OLD2 = "[1] tablist\n [2] tab 'a'\n[3] tabpanel 'a'\n StaticText 'x'\n [4] link 'y'\n  StaticText 'z'\n[5] button 'ok'"
 
 
 def st8(axtree, url="miniwob/a.html", error=""):
@@ -74,9 +78,13 @@ def test_url_and_error_lines_lead_and_only_when_there_is_one():
 def test_replaced_stretch_pairs_lines_without_bid_and_inserts_after_the_survivor():
     old = "[17] tablist\n [18] tab 'a'\n  StaticText 'p'\n  StaticText 'q'\n[24] tabpanel"
     new = "[17] tablist\n [19] tab 'a'\n  StaticText 'p2'\n  [30] link 'z'\n[24] tabpanel"
-    d = dfmt.diff(st8(old), st8(new))
+    d = dfmt.diff(st8(old), st8(new), subtree=False)
     assert d == ("+ [17]  [19] tab 'a'\n- [18]\n~ [18]+1   StaticText 'p2'\n+ [18]+1   [30] link 'z'\n"
                  "- [18]+2\ndone: no")
+    assert dfmt.apply(st8(old), d) == (st8(new), 0)
+    # the same change as one subtree block: [18] and its two children give way to three new lines
+    d = dfmt.diff(st8(old), st8(new))
+    assert d == "= [18]  [19] tab 'a'\n|   StaticText 'p2'\n|   [30] link 'z'\ndone: no"
     assert dfmt.apply(st8(old), d) == (st8(new), 0)
 
 
@@ -133,10 +141,12 @@ def transition(draw):
     else:  # a few edits of the old page
         new = list(old)
         for _ in range(draw(st.integers(0, 6))):
-            kind = draw(st.sampled_from(["del", "ins", "chg", "move"]))
+            kind = draw(st.sampled_from(["del", "ins", "chg", "move", "swap"]))
             i = draw(st.integers(0, max(0, len(new) - 1)))
             if kind == "ins" or not new:
                 new.insert(draw(st.integers(0, len(new))), draw(LINE))
+            elif kind == "swap":  # a panel swap: a line and its subtree give way to other lines
+                new[i:dfmt.subtree_end(new, i)] = draw(st.lists(LINE, max_size=8))
             elif kind == "del":
                 new.pop(i)
             elif kind == "chg":
@@ -158,6 +168,9 @@ def test_round_trip_on_generated_trees(t, done):
     assert dfmt.apply(a, d) == (b, 0)
     assert dfmt.predicted_done(d) == (done is True)
     assert d.split("\n")[-1].startswith("done: ")
+    lines = dfmt.diff(a, b, done, subtree=False)  # line by line: exact too, and never shorter
+    assert dfmt.apply(a, lines) == (b, 0) and len(d) <= len(lines)
+    assert "\n= " not in "\n" + lines and "\n| " not in "\n" + lines
 
 
 def fixture_transitions():
@@ -170,11 +183,57 @@ def test_round_trip_on_real_transitions():
     assert {"yes", "no", "fail"} <= {dfmt.predicted_status(t["delta"]) for t in ts}
     for t in ts:
         assert dfmt.diff(t["obs"], t["next_obs"], dfmt.predicted_status(t["delta"])) == t["delta"]  # deterministic
-        o, bad = dfmt.apply(t["obs"], t["delta"])
-        assert bad == 0
+        assert trans.delta_label(t) == t["delta"]
         nxt = t["next_obs"]
-        assert (o["url"], o["axtree"], o["error"]) == (nxt["url"], nxt["axtree"], nxt["error"])
-        assert dfmt.predicted_done(t["delta"]) == t["success"]
+        for d in (t["delta"], dfmt.diff(t["obs"], nxt, dfmt.predicted_status(t["delta"]), subtree=False)):
+            o, bad = dfmt.apply(t["obs"], d)
+            assert bad == 0
+            assert (o["url"], o["axtree"], o["error"]) == (nxt["url"], nxt["axtree"], nxt["error"])
+            assert dfmt.predicted_done(d) == t["success"]
+
+
+def test_a_panel_swap_is_one_block_and_much_shorter(tok):
+    # click-tab-2: clicking a tab replaces the whole tab panel ([24] tabpanel and its children)
+    swaps = [t for t in fixture_transitions() if t["task"] == "click-tab-2"
+             and t["obs"]["axtree"].split("tabpanel")[1][:12] != t["next_obs"]["axtree"].split("tabpanel")[1][:12]]
+    assert len(swaps) == 3
+    n_block = n_lines = 0
+    for t in swaps:
+        status = dfmt.predicted_status(t["delta"])
+        block, lines = dfmt.diff(t["obs"], t["next_obs"], status), dfmt.diff(t["obs"], t["next_obs"], status, subtree=False)
+        assert len(re.findall(r"\n= \[[0-9]+\] \[[0-9]+\] tabpanel", block)) == 1 and "\n|  StaticText" in block
+        n = len(compress.encode_text(tok, block)), len(compress.encode_text(tok, lines))
+        assert n[0] <= 0.85 * n[1], n
+        n_block, n_lines = n_block + n[0], n_lines + n[1]
+    assert (n_block, n_lines) == (172 + 146 + 160, 262 + 183 + 203)  # a quarter shorter, a third on the largest
+
+
+def test_subtree_block_by_hand():
+    old = "[1] tablist\n [2] tab 'a'\n[3] tabpanel 'a'\n StaticText 'x'\n [4] link 'y'\n  StaticText 'z'\n[5] button 'ok'"
+    new = "[1] tablist\n [2] tab 'a', selected\n[6] tabpanel 'b'\n StaticText 'u'\n [7] link 'v'\n[5] button 'ok'"
+    d = dfmt.diff(st8(old), st8(new))
+    assert d == "~  [2] tab 'a', selected\n= [3] [6] tabpanel 'b'\n|  StaticText 'u'\n|  [7] link 'v'\ndone: no"
+    assert dfmt.apply(st8(old), d) == (st8(new), 0)
+    assert dfmt.parse_delta(d)[1][1] == ("=", "[3]", ["[6] tabpanel 'b'", " StaticText 'u'", " [7] link 'v'"])
+    # `= REF` alone removes the subtree; a REF without a bid works; inserts after the REF follow the block
+    assert dfmt.apply(st8(old), "= [3]")[0]["axtree"] == "[1] tablist\n [2] tab 'a'\n[5] button 'ok'"
+    assert dfmt.apply(st8(old), "= [4]+1   StaticText 'w'")[0]["axtree"] == old.replace("'z'", "'w'")
+    o, bad = dfmt.apply(st8(old), "= [4] [8] link 'q'\n|  [9] img\n+ [4] [10] button 'n'")
+    assert bad == 0 and o["axtree"] == old.replace(" [4] link 'y'\n  StaticText 'z'",
+                                                   "[8] link 'q'\n [9] img\n[10] button 'n'")
+
+
+@pytest.mark.parametrize("delta, n_bad, axtree", [
+    ("| [9] img\n~  [2] tab 'b'\n| x", 2, OLD2.replace("tab 'a'", "tab 'b'")),     # `|` after no `=`
+    ("- [4]\n= [3] [6] x\n| y", 2, OLD2.replace(" [4] link 'y'\n", "")),        # its subtree was edited
+    ("= [3] [6] x\n- [4]\n~ [3]+1  StaticText 'w'", 2, OLD2.split("\n[3]")[0] + "\n[6] x\n[5] button 'ok'"),
+    ("= [3] [5] x\n| [6] y\n|  [6] z", 2, OLD2.split("\n[3]")[0] + "\n[6] y\n[5] button 'ok'"),  # bids taken
+    ("= [3] [6] x\n= [3] [7] y\n| z", 2, OLD2.split("\n[3]")[0] + "\n[6] x\n[5] button 'ok'"),  # twice
+    ("= ^ x\n= [99] y\n| z\n=[3] x", 4, OLD2),                                    # bad REFs, no space
+])
+def test_hostile_blocks_are_skipped_and_counted(delta, n_bad, axtree):
+    o, bad = dfmt.apply(st8(OLD2), delta)
+    assert (bad, o["axtree"]) == (n_bad, axtree)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,6 +269,8 @@ def test_huge_and_binary_text_never_raises():
     o, bad = dfmt.apply(st8(OLD), huge)
     assert len(o["axtree"].split("\n")) == dfmt.MAX_LINES  # the tree stops growing at MAX_LINES
     assert bad == (5000 - (dfmt.MAX_LINES - 5)) + 5000 + 99
+    o, bad = dfmt.apply(st8(OLD), "= [13] [13] x\n" + "| StaticText 'y'\n" * 5000)  # a block grows no further
+    assert len(o["axtree"].split("\n")) == dfmt.MAX_LINES and bad == 5001 - (dfmt.MAX_LINES - 5)
     o, bad = dfmt.apply(st8(OLD), "+ ^ " + "x" * 2_000_000)
     assert bad == 0 and len(o["axtree"]) > 2_000_000
     for junk in (None, 42, b"- [13]", "\n\n\n", "\r\n\r\n"):
@@ -219,7 +280,9 @@ def test_huge_and_binary_text_never_raises():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=30), LINE.map(lambda x: "+ [13] " + x), LINE.map(lambda x: "~ " + x),
-                          st.sampled_from(["- [12]", "- [17]+1", "- ^+1", "done: yes", "url: z", "+ ^ [13] b"])),
+                          st.sampled_from(["- [12]", "- [17]+1", "- ^+1", "done: yes", "url: z", "+ ^ [13] b", "= [12]",
+                                           "= [17] [13] c", "= [17]+1  [19] d", "| [12] e", "|  [40] f", "|"]),
+                          LINE.map(lambda x: "| " + x), LINE.map(lambda x: "= [13] " + x)),
                 max_size=30))
 def test_any_text_applies_without_raising_and_keeps_bids_unique(lines):
     o, bad = dfmt.apply(st8(OLD), "\n".join(lines))
@@ -266,7 +329,7 @@ def test_wm_samples_target_is_delta_then_end_of_turn(tok):
     longest = max(len(p) + len(t) for p, t in samples)
     assert len(wm.wm_samples(ts, tok, max_tokens=longest - 1)) < len(ts)  # too long: skipped, not cut
     sys_tokens = len(tok.encode(wm.WM_SYSTEM_PROMPT, add_special_tokens=False))
-    assert sys_tokens < 50
+    assert sys_tokens < 70  # (66 with the `=` block's clause)
 
 
 def test_prompt_budget_cuts_the_tree_from_its_end(tok):
@@ -394,3 +457,65 @@ def record_fixture(path=DATA):
 
 if __name__ == "__main__":
     record_fixture()
+
+
+def test_the_delta_server_batches_waiting_dreams_and_gives_batch_1_deltas(tok):
+    import threading
+
+    import torch
+
+    ts = fixture_transitions()[::3]  # seven states of four tasks, prompts of different lengths
+    states = [dict(t["obs"], goal=t["goal"]) for t in ts]
+    actions = [t["action"] for t in ts]
+    # a tiny random model whose greedy reply depends on its prompt (weights x20: the residual stream
+    # no longer just repeats the last token) and holds a newline now and then (so a cut reply keeps lines)
+    m = policy.tiny_model(tok, seed=3)
+    with torch.no_grad():
+        for name, w in m.named_parameters():
+            if "layers" in name and w.dim() == 2:
+                w.mul_(20)
+    newline = tok.encode("\n", add_special_tokens=False)[0]
+
+    def more_newlines(mod, inp, out):
+        out = out.clone()
+        out[..., newline] += 0.6
+        return out
+
+    m.lm_head.register_forward_hook(more_newlines)
+    one = [wm.predict_delta(m, tok, [s], [a], max_new_tokens=16, batch_size=1)[0] for s, a in zip(states, actions)]
+    assert len(set(one)) == len(one) and sum("\n" in d for d in one) >= 4  # seven different Δs, most multi-line
+    server = wm.DeltaServer(m, tok, max_new_tokens=16, linger=2.0)
+    out = [None] * len(states)
+    go = threading.Barrier(len(states))
+
+    def ask(i):
+        go.wait()
+        out[i] = server.predict(states[i], actions[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(states))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    server.close()
+    assert out == one
+    assert server.stats["requests"] == len(states) and server.stats["calls"] < len(states)
+    with pytest.raises(RuntimeError):
+        server.predict(states[0], actions[0])
+
+
+def test_dream_env_asks_its_server(tok):
+    state = {"task": "enter-text", "goal": "Enter \"Myron\".", "url": "u", "axtree": "[14] textbox\n[15] button 'Submit'"}
+
+    class Server:
+        calls = []
+
+        def predict(self, s, a):
+            self.calls.append((s["axtree"], a))
+            return "~ [14] textbox value='Myron'\ndone: yes"
+
+    env = wm.DreamEnv(None, tok, [state], dream_len=3, server=Server())
+    assert env.reset(0).context == []  # an episode's first page: no history
+    obs, reward, done, info = env.step("fill('14', 'Myron')")
+    assert Server.calls == [(state["axtree"], "fill('14', 'Myron')")]
+    assert (reward, done) == (1.0, True) and obs.axtree.startswith("[14] textbox value='Myron'")

@@ -1,0 +1,213 @@
+"""The trajectory judge: DynaWeb's self-evaluation r(τ̂, q), the reward of a finished imagined trajectory.
+
+    python train.py --mode judge --transitions runs/transitions.jsonl --judge-trajectories runs/demos.jsonl --out runs/judge
+    python judge.py --eval runs/judge/final --data runs/wm_eval.jsonl      # accuracy and false positives on real episodes
+    python train.py --mode dream ... --dream-reward judge --judge runs/judge/final
+
+DynaWeb scores each imagined trajectory τ̂ with a model's judgement of whether it completed the task
+q. Here a language model reads the goal and the trajectory: each page the agent acted on with the
+action it took, then the page after the last action (`final_observation`), and answers `yes` or
+`no`. A dream that starts at stage k of a real episode is judged with that episode's first k
+turns in front (its `context`): completion depends on them (enter-text: typed in the real prefix,
+submitted in the dream). The verdict is P(yes), from one forward pass: the softmax over the two
+answer tokens at the reply's first position; the reward is 1 when P(yes) > threshold.
+
+The prompt fits a token budget: the oldest pages give way to a placeholder first (every action
+stays), then the final page's tree is cut from its end. Labels are real outcomes (`judge_samples`):
+every prefix of every recorded real episode (transitions.jsonl; trajectory records of real or
+expert episodes), labelled with whether the task was complete right after its last action. It is
+trained by supervised.py (-log p(answer | prompt)) like the world model.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+
+import compress
+import policy
+from env import Obs
+from transitions import episodes_of
+
+logger = logging.getLogger(__name__)
+
+# Short on purpose: it is in every judge sequence.
+JUDGE_SYSTEM_PROMPT = "A web agent acted on these pages. Did its actions complete the goal? Answer yes or no."
+OMITTED = "[page omitted]"
+
+
+def page_text(observation: str, goal: str) -> str:
+    """An observation's text without its `Goal:` line (the judge shows the goal once)."""
+    head = f"Goal: {goal}\n"
+    return observation[len(head):] if observation.startswith(head) else observation
+
+
+def trajectory_view(traj: dict) -> tuple[str, list[str], list[str], str | None]:
+    """(goal, pages, actions, final page or None) of a trajectory record: its context turns (a dream's
+    real episode so far) then its turns; an unparsed reply is shown as its text."""
+    goal = traj.get("goal", "")
+    turns = [(u["observation"], u.get("response", "")) for u in traj.get("context", [])]
+    turns += [(u["observation"], u.get("action") or u.get("response") or "") for u in traj["turns"]]
+    final = traj.get("final_observation")
+    return (goal, [page_text(o, goal) for o, _ in turns], [a for _, a in turns],
+            page_text(final, goal) if final is not None else None)
+
+
+def judge_messages(goal: str, pages: list[str], actions: list[str], final: str | None, *, omit: int = 0,
+                   final_lines: int | None = None) -> list[dict]:
+    """Chat messages asking whether the actions completed the goal. The oldest `omit` pages are
+    shown as a placeholder; final_lines: show only the first lines of the final page."""
+    parts = [f"Goal: {goal}"]
+    for i, (page, action) in enumerate(zip(pages, actions)):
+        parts += [f"Page {i + 1}:", OMITTED if i < omit else page, f"Action {i + 1}: {action}"]
+    if final is not None:
+        parts += ["Final page:", final if final_lines is None else "\n".join(final.split("\n")[:final_lines])]
+    parts.append("Did the actions complete the goal?")
+    return [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def judge_prompt(tokenizer, goal: str, pages: list[str], actions: list[str], final: str | None,
+                 max_tokens: int = 1024) -> list[int]:
+    """Prompt ids for the judge, at most `max_tokens` long (oldest pages omitted first, then the final
+    page cut from its end). Raises ValueError if even that does not fit."""
+    for omit in range(len(pages) + 1):
+        ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=omit))
+        if len(ids) <= max_tokens:
+            return ids
+    n = len(final.split("\n")) if final is not None else 0
+    while n > 0:
+        n = max(0, min(n - 1, n * max_tokens // len(ids)))
+        ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=len(pages), final_lines=n))
+        if len(ids) <= max_tokens:
+            return ids
+    raise ValueError(f"max_tokens={max_tokens} cannot hold the judge prompt of {len(pages)} actions")
+
+
+def answer_ids(tokenizer) -> tuple[int, int]:
+    """The first token ids of the answers `yes` and `no` (what judge_scores compares)."""
+    return compress.encode_text(tokenizer, "yes")[0], compress.encode_text(tokenizer, "no")[0]
+
+
+@torch.no_grad()
+def judge_scores(model, tokenizer, prompts: list[list[int]], *, batch_size: int = 8, bf16: bool = False) -> list[float]:
+    """P(yes) for each judge prompt: softmax over the logits of the two answer tokens at the reply's
+    first position (one forward pass per batch of left-padded prompts)."""
+    if not prompts:
+        return []
+    model.eval()
+    yes, no = answer_ids(tokenizer)
+    device = next(model.parameters()).device
+    out = []
+    for k in range(0, len(prompts), batch_size):
+        ids, mask = policy.left_pad(prompts[k:k + batch_size], tokenizer.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        with policy.autocast(device, bf16):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=policy.position_ids(mask),
+                           logits_to_keep=1, use_cache=False).logits[:, -1].float()  # (B, V)
+        out += torch.softmax(logits[:, [yes, no]], -1)[:, 0].tolist()
+    return out
+
+
+def judge_trajectories(model, tokenizer, trajs: list[dict], *, max_tokens: int = 1024, batch_size: int = 8,
+                       bf16: bool = False) -> list[float]:
+    """P(yes) for each trajectory record (trajectory_view, judge_prompt, judge_scores)."""
+    prompts = [judge_prompt(tokenizer, *trajectory_view(t), max_tokens=max_tokens) for t in trajs]
+    return judge_scores(model, tokenizer, prompts, batch_size=batch_size, bf16=bf16)
+
+
+def judge_dreams(model, tokenizer, trajs: list[dict], *, threshold: float = 0.5, max_tokens: int = 1024,
+                 batch_size: int = 8, bf16: bool = False) -> dict:
+    """Reward the dreams with the judge, in place: each finished dream (no env_error, at least one
+    turn) gets judge_p (P(yes)), done_success (the world model's `done: yes`, kept), and success and
+    reward from judge_p > threshold. Returns {judge/yes_share, judge/agree_with_done, judge/n}."""
+    live = [t for t in trajs if not t["env_error"] and t["turns"]]
+    ps = judge_trajectories(model, tokenizer, live, max_tokens=max_tokens, batch_size=batch_size, bf16=bf16)
+    for t, p in zip(live, ps):
+        t["done_success"] = bool(t.get("done_success", t["success"]))
+        t["judge_p"] = p
+        t["success"] = p > threshold
+        t["reward"] = float(t["success"])
+    n = len(live)
+    return {"judge/yes_share": sum(t["success"] for t in live) / n if n else 0.0,
+            "judge/agree_with_done": sum(t["success"] == t["done_success"] for t in live) / n if n else 0.0,
+            "judge/n": n}
+
+
+def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> list[tuple[tuple, bool]]:
+    """(view, label) for every prefix of every real episode: view is trajectory_view's tuple, label
+    whether the task was complete right after the prefix's last action.
+
+    transitions (in file order): for an episode's step k, its pages and actions 0..k, the recorded
+    page after action k, label = success at step k. trajectories: records of real or expert episodes
+    (dreams and env_error ones are left out; their labels are not real outcomes): each prefix that
+    the episode went on after (the next turn's page is its final page, label no, since a MiniWoB
+    episode ends at success), and the whole episode, labelled with its success, when its
+    final_observation was recorded (a view without a final page would teach the judge that its
+    absence means something)."""
+    out = []
+    for ep in episodes_of(transitions):
+        goal = ep[0]["goal"]
+        pages = [Obs(goal, t["obs"]["url"], t["obs"]["axtree"], t["obs"].get("error", "")).text for t in ep]
+        for k, t in enumerate(ep):
+            nxt = t["next_obs"]
+            final = Obs(goal, nxt["url"], nxt["axtree"], nxt.get("error", "")).text
+            view = (goal, [page_text(p, goal) for p in pages[:k + 1]], [x["action"] for x in ep[:k + 1]],
+                    page_text(final, goal))
+            out.append((view, bool(t["success"])))
+    for traj in trajectories:
+        if traj.get("source") not in ("real", "expert") or traj.get("env_error") or not traj.get("turns"):
+            continue
+        turns = traj["turns"]
+        for k in range(len(turns) - 1):
+            out.append((trajectory_view({**traj, "turns": turns[:k + 1], "final_observation": turns[k + 1]["observation"]}),
+                        False))
+        if traj.get("final_observation") is not None:
+            out.append((trajectory_view(traj), bool(traj.get("success"))))
+    return out
+
+
+def judge_samples(transitions: list[dict], trajectories: list[dict], tokenizer,
+                  max_tokens: int = 1024) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) for train.py --mode judge: the answer is `yes` or `no` then the
+    end-of-turn id, the prompt judge_prompt's (compressed to max_tokens, never skipped)."""
+    eos = tokenizer.eos_token_id
+    return [(judge_prompt(tokenizer, *view, max_tokens=max_tokens),
+             compress.encode_text(tokenizer, "yes" if label else "no") + [eos])
+            for view, label in labelled_views(transitions, trajectories)]
+
+
+def evaluate_judge(model, tokenizer, transitions: list[dict], trajectories: list[dict] = (), *,
+                   threshold: float = 0.5, max_tokens: int = 1024, batch_size: int = 8) -> dict:
+    """The judge on real outcomes (labelled_views): {judge/accuracy, judge/false_positive_rate (yes
+    among the prefixes that had not completed the task), judge/false_negative_rate, judge/n,
+    judge/positives}."""
+    views = labelled_views(transitions, trajectories)
+    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens) for v, _ in views],
+                      batch_size=batch_size)
+    pred = [p > threshold for p in ps]
+    labels = [y for _, y in views]
+    pos = sum(labels)
+    neg = len(labels) - pos
+    return {"judge/accuracy": sum(p == y for p, y in zip(pred, labels)) / max(1, len(labels)),
+            "judge/false_positive_rate": sum(p and not y for p, y in zip(pred, labels)) / max(1, neg),
+            "judge/false_negative_rate": sum(y and not p for p, y in zip(pred, labels)) / max(1, pos),
+            "judge/n": len(labels), "judge/positives": pos}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from runlog import read_jsonl
+
+    ap = argparse.ArgumentParser(description="Evaluate a trajectory judge on real outcomes.")
+    ap.add_argument("--eval", required=True, help="checkpoint folder of the judge (train.py --mode judge)")
+    ap.add_argument("--data", default="runs/wm_eval.jsonl", help="real transitions (world_model.py --collect)")
+    ap.add_argument("--trajectories", default="", help="comma-separated trajectory files (real or expert episodes)")
+    ap.add_argument("--threshold", type=float, default=0.5, help="P(yes) above which the judge says yes")
+    ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget")
+    a = ap.parse_args()
+    m, tok = policy.load_model(a.eval)
+    trajs = [t for p in a.trajectories.split(",") if p for t in read_jsonl(p)]
+    print(json.dumps(evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold,
+                                    max_tokens=a.max_tokens), indent=1))

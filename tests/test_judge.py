@@ -1,0 +1,133 @@
+"""The trajectory judge (judge.py): what it sees, what reward a dream gets from it, its labels, its training."""
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import compress  # noqa: E402
+import dream  # noqa: E402
+import judge  # noqa: E402
+import policy  # noqa: E402
+import train  # noqa: E402
+import transitions as trans  # noqa: E402
+from env import Obs  # noqa: E402
+from test_world_model import forced_model  # noqa: E402
+
+DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
+GOAL = 'Enter "Myron" into the text field and press Submit.'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return policy.load_tokenizer()
+
+
+def page(axtree, error=""):
+    return Obs(GOAL, "miniwob/enter-text.html", axtree, error).text
+
+
+def dream_record(done_success=False):
+    """A dream from stage 1 of a real enter-text episode: one real turn of context (the name typed),
+    then one imagined turn (Submit clicked) and the imagined page after it."""
+    return {"task": "enter-text", "seed": 3, "goal": GOAL, "source": "dream", "env_error": False, "steps": 1,
+            "reward": float(done_success), "success": done_success,
+            "context": [{"observation": page("[14] textbox\n[15] button 'Submit'"), "response": "fill('14', 'Myron')"}],
+            "turns": [{"observation": page("[14] textbox value='Myron'\n[15] button 'Submit'"), "action": "click('15')",
+                       "response": "<think>submit</think>click('15')", "error": ""}],
+            "final_observation": page("[14] textbox value='Myron'\n[15] button 'Submit', focused\nStaticText 'Sent (imagined)'")}
+
+
+def test_the_judge_sees_the_goal_the_real_context_and_the_imagined_pages(tok):
+    text = tok.decode(judge.judge_prompt(tok, *judge.trajectory_view(dream_record())))
+    assert text.count(GOAL) == 1  # the goal once, not once per page
+    assert ("Page 1:\nURL: miniwob/enter-text.html\n[14] textbox\n[15] button 'Submit'\nAction 1: fill('14', 'Myron')\n"
+            "Page 2:\nURL: miniwob/enter-text.html\n[14] textbox value='Myron'\n[15] button 'Submit'\n"
+            "Action 2: click('15')\nFinal page:\nURL: miniwob/enter-text.html\n[14] textbox value='Myron'\n"
+            "[15] button 'Submit', focused\nStaticText 'Sent (imagined)'\nDid the actions complete the goal?") in text
+    assert text.startswith("<|im_start|>system\n" + judge.JUDGE_SYSTEM_PROMPT)
+
+
+def test_the_budget_omits_the_oldest_pages_first_then_cuts_the_final_page(tok):
+    view = judge.trajectory_view(dream_record())
+    full = judge.judge_prompt(tok, *view, max_tokens=4096)
+    text = tok.decode(judge.judge_prompt(tok, *view, max_tokens=len(full) - 5))
+    assert f"Page 1:\n{judge.OMITTED}\nAction 1: fill('14', 'Myron')\nPage 2:\nURL:" in text  # every action stays
+    goal, pages, actions, final = view
+    long_final = final + "".join(f"\n[{100 + i}] button 'line {i}'" for i in range(60))
+    ids = judge.judge_prompt(tok, goal, pages, actions, long_final, max_tokens=len(full) + 100)
+    text = tok.decode(ids)
+    assert len(ids) <= len(full) + 100 and text.count(judge.OMITTED) == 2 and "[100] button 'line 0'" in text
+    assert "[159] button 'line 59'" not in text and "Action 2: click('15')" in text
+    with pytest.raises(ValueError):
+        judge.judge_prompt(tok, *view, max_tokens=20)
+
+
+@pytest.mark.parametrize("answer, done_success, reward", [("yes", False, 1.0), ("no", True, 0.0), ("yes", True, 1.0)])
+def test_the_dream_reward_is_the_judges_verdict(tok, answer, done_success, reward):
+    m = forced_model(tok, answer)
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge", "--judge", ROOT])
+    trajs = [dream_record(done_success), dict(dream_record(), env_error=True, turns=[])]
+    stats = dream.reward_dreams(trajs, m, tok, args, policy.torch.device("cpu"))
+    t = trajs[0]
+    assert (t["reward"], t["success"], t["done_success"]) == (reward, reward == 1.0, done_success)
+    assert t["judge_p"] == pytest.approx(reward, abs=1e-6)
+    assert "judge_p" not in trajs[1] and trajs[1]["reward"] == float(False)  # an env_error dream is not judged
+    assert stats == {"judge/yes_share": reward, "judge/agree_with_done": float(reward == done_success), "judge/n": 1}
+    # --dream-reward done: the world model's verdict stays the reward, the judge is not asked
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT])
+    trajs = [dream_record(done_success)]
+    assert dream.reward_dreams(trajs, m, tok, args, policy.torch.device("cpu")) == {}
+    assert (trajs[0]["reward"], trajs[0]["done_success"]) == (float(done_success), done_success)
+
+
+def test_the_judge_scores_compare_the_two_answer_tokens(tok):
+    yes, no = judge.answer_ids(tok)
+    assert tok.decode([yes]) == "yes" and tok.decode([no]) == "no"
+    prompts = [judge.judge_prompt(tok, *judge.trajectory_view(dream_record()))] * 3
+    # (forced_model forces its text one token a forward call: each check is one batch, one call)
+    assert judge.judge_scores(forced_model(tok, "yes"), tok, prompts) == pytest.approx([1.0] * 3)
+    assert judge.judge_scores(forced_model(tok, "no"), tok, prompts) == pytest.approx([0.0] * 3, abs=1e-6)
+    assert judge.judge_scores(forced_model(tok, "maybe"), tok, prompts) == pytest.approx([0.5] * 3)  # neither answer
+
+
+def test_labels_are_real_outcomes_of_every_prefix():
+    trs = trans.load_transitions(DATA)
+    views = judge.labelled_views(trs)
+    assert len(views) == len(trs) and sum(y for _, y in views) == sum(t["success"] for t in trs)
+    (goal, pages, actions, final), label = views[2]  # click-tab-2 seed 0, after its third action
+    assert len(pages) == len(actions) == 3 and actions == [t["action"] for t in trs[:3]]
+    assert final == judge.page_text(Obs(goal, trs[2]["next_obs"]["url"], trs[2]["next_obs"]["axtree"]).text, goal)
+    assert label == trs[2]["success"]
+    # trajectory records: each prefix the episode went on after is a `no`; the whole one only with its final page
+    rec = dict(dream_record(True), source="expert", context=[])
+    rec["turns"] = [{"observation": page("[14] textbox\n[15] button 'Submit'"), "action": "fill('14', 'Myron')"}] + rec["turns"]
+    views = judge.labelled_views([], [rec, dict(rec, final_observation=None), dict(rec, source="dream")])
+    assert [y for _, y in views] == [False, True, False]
+    assert views[0][0][3] == judge.page_text(rec["turns"][1]["observation"], GOAL)
+
+
+def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text(json.dumps(dict(dream_record(True), source="expert", context=[])) + "\n")
+    out = str(tmp_path / "judge")
+    train.main(["--mode", "judge", "--tiny", "--transitions", DATA, "--judge-trajectories", str(demos), "--out", out,
+                "--tasks", "click-tab-2,enter-text,click-checkboxes,click-button", "--batch-size", "4",
+                "--epochs", "0.4", "--micro-batch", "4"])
+    ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [m["step"] for m in ms] == [1, 2] and all(m["loss/judge"] > 0 for m in ms)  # 21 samples: 5 steps an epoch
+    m, tok2 = policy.load_model(os.path.join(out, "final"))
+    r = judge.evaluate_judge(m, tok2, trans.load_transitions(DATA))
+    assert r["judge/n"] == 20 and r["judge/positives"] == 5 and 0.0 <= r["judge/false_positive_rate"] <= 1.0
+    trs = trans.load_transitions(DATA)
+    assert [tok.decode(a) for _, a in judge.judge_samples(trs, [], tok)] == [
+        ("yes" if t["success"] else "no") + "<|im_end|>" for t in trs]
+
+
+def test_dream_reward_judge_needs_a_judge_checkpoint(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge", "--judge", "/nonexistent"])
+    assert "python train.py --mode judge" in capsys.readouterr().err
