@@ -166,11 +166,16 @@ def main(argv=None):
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, trained.get(k, 64 if k == "max_new_tokens" and args.think else v))  # (think is set first)
+    prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
+                                     max_tokens=args.max_prompt_tokens, think=args.think)
+    least = compress.min_tokens(policy.load_tokenizer(args.ckpt or args.model), prompt.system)
+    if args.max_prompt_tokens < least:
+        p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
+                f"{' of --think' if args.think else ''} and an observation's header take {least} tokens; "
+                f"use at least {least}")
     out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
     os.makedirs(out, exist_ok=True)
     model, tok = policy.load_model(args.ckpt or args.model, device=args.device)
-    prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                     max_tokens=args.max_prompt_tokens, think=args.think)
     t0 = time.time()
     summary, trajs = evaluate(generators.HFGenerator(model, tok, bf16=bool(args.bf16)), tok, tasks,
                               webenv.eval_seeds(args.seeds), max_steps=args.max_steps, num_envs=args.num_envs,

@@ -192,11 +192,26 @@ def parse_args(argv=None):
         args.max_new_tokens = 64 if args.think else 32
     args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
                                           max_tokens=args.max_prompt_tokens, think=args.think)
+    least = _least_budget(args.model if args.tiny else args.init or args.model, args.prompt)
+    if least is not None and args.max_prompt_tokens < least:
+        p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
+                f"{' of --think' if args.think else ''} and an observation's header take {least} tokens; "
+                f"use at least {least}")
     # what eval.py needs to prompt a checkpoint the way it was trained (webdream.json)
     args.prompt_settings = {"keep_last": args.keep_last, "no_compress": args.no_compress, "think": args.think,
                             "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps,
                             "max_new_tokens": args.max_new_tokens}
     return args
+
+
+def _least_budget(model: str, prompt: compress.PromptSettings) -> int | None:
+    """compress.min_tokens with `model`'s tokenizer and the prompt's system prompt; None when the
+    tokenizer cannot be loaded here (loading the model reports that better)."""
+    try:
+        tok = policy.load_tokenizer(model)
+    except Exception:
+        return None
+    return compress.min_tokens(tok, prompt.system)
 
 
 def update_config(args) -> update.UpdateConfig:
