@@ -37,6 +37,7 @@ import generators
 import supervised
 import watchdog
 from rollout import EnvPool, EnvProcess, rollout
+from runlog import read_jsonl
 
 
 def log(*a):
@@ -177,12 +178,10 @@ def ten_turn_history(tok):
     path = "runs/demos.jsonl"
     obs = []
     if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                for u in json.loads(line)["turns"]:
-                    obs.append((u["observation"], u["action"]))
-                if len(obs) >= 40:
-                    break
+        for t in read_jsonl(path):
+            obs += [(u["observation"], u["action"]) for u in t["turns"]]
+            if len(obs) >= 40:
+                break
     if len(obs) < 11:  # no demos yet: real pages, read now
         e = webenv.WebEnv("click-checkboxes")
         for s in webenv.train_seeds(11):
