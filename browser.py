@@ -320,7 +320,7 @@ class PersistentBrowserEnv(BrowserEnv):
         self.infeasible_message_received = False
         obs = self._get_obs()
         self._close_popups()
-        return clean(dict(obs, events=self.events[:])), clean({"task_info": task_info})
+        return clean(dict(obs, events=self._take_events())), clean({"task_info": task_info})
 
     def act(self, action: str | None, error: str = ""):
         """Run one canonical action (or none, with a parse error to show), then validate and observe."""
@@ -328,7 +328,6 @@ class PersistentBrowserEnv(BrowserEnv):
         self.last_action = action or ""
         info = {"action_exec_start": time.time(), "action_exec_timeout": 0}
         self.last_action_error = error
-        self.events = []
         if action is not None:
             name, args = split_action(action)
             if name == "noop":
@@ -356,7 +355,7 @@ class PersistentBrowserEnv(BrowserEnv):
                         and obs["url"] != self.task.url):  # validated the old document, observed a new one
                     continue
                 self._close_popups()  # a tab this action opened goes now, and the observation says so
-                return clean(dict(obs, events=self.events[:])), reward, terminated, truncated, clean(info)
+                return clean(dict(obs, events=self._take_events())), reward, terminated, truncated, clean(info)
             except Exception as e:
                 if attempt == 3 or self.crashed or not _is_navigation_race(e):
                     raise
@@ -366,6 +365,12 @@ class PersistentBrowserEnv(BrowserEnv):
     def _check_alive(self) -> None:
         if self.crashed:
             raise RuntimeError("the page's renderer crashed")
+
+    def _take_events(self) -> list[str]:
+        """The events since the last observation, for this one (a dialog handled later, e.g. while a
+        screenshot is taken, goes to the next)."""
+        events, self.events = self.events, []
+        return events
 
     def _activate_page_from_js(self, page) -> None:
         """BrowserGym makes whichever page gets focus, loads or is clicked the observed page; a MiniWoB
@@ -474,10 +479,9 @@ def short_error(e: Exception, limit: int = 200) -> str:
     s = s if len(s) <= limit else s[: limit - 3] + "..."
     m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
     if m:
-        s += f" (element [{m.group(1)}] {m.group(2).strip()!r} is on top of it)"
+        s += f" (element [{m.group(1)}] {quote(m.group(2).strip())} is on top of it)"
     return s
 
 
 def _shorten(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
