@@ -269,12 +269,10 @@ def ten_turn_history(tok):
     path = "runs/demos.jsonl"
     obs = []
     if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                for u in json.loads(line)["turns"]:
-                    obs.append((u["observation"], u["action"]))
-                if len(obs) >= 40:
-                    break
+        for t in read_jsonl(path):
+            obs += [(u["observation"], u["action"]) for u in t["turns"]]
+            if len(obs) >= 40:
+                break
     if len(obs) < 11:  # no demos yet: real pages, read now
         e = webenv.WebEnv("click-checkboxes")
         for s in webenv.train_seeds(11):
@@ -311,7 +309,7 @@ def step_memory(mode: str, turn: int, ckpt: str):
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     prompt = compress.build_prompt(tok, hist[:turn - 1], hist[turn - 1]["observation"], compress=mode == "compressed",
                                    max_tokens=100_000)
-    reply = tok.encode(hist[turn - 1]["response"], add_special_tokens=False) + [tok.eos_token_id]
+    reply = compress.encode_text(tok, hist[turn - 1]["response"]) + [tok.eos_token_id]
     ids, mask, rm, L = policy.response_batch([prompt], [reply], tok.pad_token_id)
     t0 = time.perf_counter()
     lp = policy.token_logprobs(model, ids, mask, L)

@@ -15,8 +15,15 @@ into env_error. What this file changes in BrowserGym:
   while they are healthy (BrowserGym relaunches the browser on every reset);
 - no second browser for the chat window (an in-memory stand-in), no screenshot or DOM snapshot in
   the observation, no slow_mo and no pre-observation sleep;
-- canonical actions run through BrowserGym's own action functions (its library, exec'd once per
-  env; model text is never executed), check() and uncheck() included;
+- canonical actions run through page_actions.py: BrowserGym's own action functions (its library,
+  exec'd once per env; model text is never executed), check() and uncheck() included, and our
+  select_option (by the label the tree shows, a value only when no label matches);
+- native dialogs (alert, confirm, prompt, beforeunload) are accepted at once, OK with a prompt's
+  default text (Playwright would dismiss them silently), and a tab the page opens (window.open, a
+  target=_blank link) is closed after the action and never observed: the task page stays the
+  observed page. Each is told in the next observation (`events`, env.Obs.events);
+- text read from the page (goal, URL, tree, errors, dialog messages) is made valid Unicode where it
+  enters (axtree.clean: a lone surrogate becomes U+FFFD);
 - the network sandbox: every request is routed and only the MiniWoB html folder loads (`url_allowed`);
   no host name resolves and WebRTC sends no UDP (CHROMIUM_ARGS, for what the router cannot see);
   popups are closed after each action;
@@ -26,7 +33,6 @@ into env_error. What this file changes in BrowserGym:
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import re
@@ -42,8 +48,6 @@ import miniwob as _miniwob_pkg
 MINIWOB_HTML_DIR = os.path.join(os.path.dirname(os.path.abspath(_miniwob_pkg.__file__)), "html")
 os.environ.setdefault("MINIWOB_URL", "file://" + os.path.join(MINIWOB_HTML_DIR, "miniwob") + "/")
 
-from browsergym.core.action import functions as _bg_functions  # noqa: E402
-from browsergym.core.action.highlevel import HighLevelActionSet  # noqa: E402
 from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE  # noqa: E402
 from browsergym.core.env import BrowserEnv  # noqa: E402
 from browsergym.core.observation import (  # noqa: E402
@@ -53,7 +57,9 @@ from browsergym.core.observation import (  # noqa: E402
     extract_merged_axtree,
 )
 
-from actions import ACTIONS, split_action  # noqa: E402
+from actions import split_action  # noqa: E402
+from axtree import clean, clean_text, quote  # noqa: E402
+from page_actions import action_namespace  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -124,16 +130,6 @@ class _MemoryChat:
     def close(self) -> None:
         pass
 
-
-# BrowserGym's action functions (click, fill, ...) compiled once; each env execs them into its own
-# namespace, whose `page` is rebound before every action (no exec of model text, ever).
-_ACTION_SET = HighLevelActionSet(subsets=["chat", "bid", "nav"], demo_mode="off", strict=True,
-                                 multiaction=False, retry_with_force=False)
-_ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
-# check() and uncheck() are in BrowserGym's function library but in none of its action subsets
-# (browsergym-core 0.14.3 comments them out); the grammar allows them, so they join the namespace.
-_EXTRA_ACTION_CODE = compile("\n\n".join(inspect.getsource(f) for f in (_bg_functions.check, _bg_functions.uncheck)),
-                             "<browsergym actions: check, uncheck>", "exec")
 
 _ACTIVATE_PAGE_JS = r"""
 window.browsergym_page_activated();
@@ -206,17 +202,12 @@ class PersistentBrowserEnv(BrowserEnv):
         self.marker = marker  # an inert flag that tags this env's Chromium in `ps`
         self.blocked: list[str] = []  # URLs aborted by the router in this episode
         self.popups_closed: list[str] = []  # URLs of the popups closed in this episode
-        self.ns: dict = {"page": None, "DEMO_MODE": False,
-                         "send_message_to_user": lambda text: self.chat.add_message("assistant", str(text)),
-                         "report_infeasible_instructions": lambda reason: None}
-        exec(_ACTION_CODE, self.ns)  # safe: BrowserGym's own action library, compiled at import; model text is never executed
-        exec(_EXTRA_ACTION_CODE, self.ns)  # safe: check/uncheck from the same library
-        missing = [a for a in ACTIONS if a != "noop" and not callable(self.ns.get(a))]
-        if missing:  # a grammar action with no implementation would end every episode that uses it
-            raise RuntimeError(f"BrowserGym provides no function for actions {missing}")
+        # every action's function (page_actions.py), `page` rebound before each (no exec of model text, ever)
+        self.ns = action_namespace(lambda text: self.chat.add_message("assistant", str(text)))
         self.context_episodes = context_episodes
         self.episodes_in_context = 0
         self.crashed = False  # the page's renderer died (Playwright's "crash" event)
+        self.events: list[str] = []  # what the page did beside the action (dialogs, tabs), for the next Obs
         self.doc_token = ""  # set in the task's document at reset: gone means the page was reloaded
         self._episodes = 0
 
@@ -283,6 +274,7 @@ class PersistentBrowserEnv(BrowserEnv):
         self.context.set_default_timeout(self.timeout_ms)
         self.context.set_default_navigation_timeout(max(self.timeout_ms, 10_000))  # slow under load
         self.context.route("**/*", self._route)
+        self.context.on("dialog", self._on_dialog)  # without a listener Playwright dismisses them unseen
         self.context.expose_binding(
             "browsergym_page_activated", lambda source: self._activate_page_from_js(source["page"]))
         self.context.add_init_script(_ACTIVATE_PAGE_JS)
@@ -299,6 +291,7 @@ class PersistentBrowserEnv(BrowserEnv):
         self.task = self.task_entrypoint(seed=seed)
         self.blocked = []
         self.popups_closed = []
+        self.events = []
         # Reuse the context and page while it is healthy: the task's setup() navigates to its page
         # afresh (a new document, new JS state), which is ~0.15 s cheaper than a new context.
         # A new context every `context_episodes` episodes bounds whatever a page might leave behind.
@@ -325,7 +318,9 @@ class PersistentBrowserEnv(BrowserEnv):
         self.last_action = ""
         self.last_action_error = ""
         self.infeasible_message_received = False
-        return self._get_obs(), {"task_info": task_info}
+        obs = self._get_obs()
+        self._close_popups()
+        return clean(dict(obs, events=self._take_events())), clean({"task_info": task_info})
 
     def act(self, action: str | None, error: str = ""):
         """Run one canonical action (or none, with a parse error to show), then validate and observe."""
@@ -359,7 +354,8 @@ class PersistentBrowserEnv(BrowserEnv):
                 if (not terminated and attempt < 3 and self.page == self.task.page
                         and obs["url"] != self.task.url):  # validated the old document, observed a new one
                     continue
-                return obs, reward, terminated, truncated, info
+                self._close_popups()  # a tab this action opened goes now, and the observation says so
+                return clean(dict(obs, events=self._take_events())), reward, terminated, truncated, clean(info)
             except Exception as e:
                 if attempt == 3 or self.crashed or not _is_navigation_race(e):
                     raise
@@ -370,18 +366,50 @@ class PersistentBrowserEnv(BrowserEnv):
         if self.crashed:
             raise RuntimeError("the page's renderer crashed")
 
+    def _take_events(self) -> list[str]:
+        """The events since the last observation, for this one (a dialog handled later, e.g. while a
+        screenshot is taken, goes to the next)."""
+        events, self.events = self.events, []
+        return events
+
+    def _activate_page_from_js(self, page) -> None:
+        """BrowserGym makes whichever page gets focus, loads or is clicked the observed page; a MiniWoB
+        task lives in its one page, so a tab it opens is never observed (it validated as "invalid page"
+        and ended the episode) but closed (_close_popups)."""
+        task_page = getattr(self.task, "page", None) if self.task else None
+        if task_page is None or page == task_page:
+            super()._activate_page_from_js(page)
+
+    def _on_dialog(self, dialog) -> None:
+        """The dialog policy: every native dialog (alert, confirm, prompt, beforeunload) is accepted at
+        once, as a user who clicks OK would, a prompt with its default text; the next observation says
+        which dialog appeared, its message, and that it was accepted (env.Obs.events)."""
+        kind, message, default = dialog.type, clean_text(dialog.message), clean_text(dialog.default_value)
+        try:
+            if kind == "prompt":
+                dialog.accept(default)
+            else:
+                dialog.accept()
+        except playwright.sync_api.Error:  # the page or the dialog is already gone
+            pass
+        said = f" {quote(_shorten(message))}" if message else ""
+        how = f"accepted with its default text {quote(_shorten(default))}" if kind == "prompt" else "accepted (OK)"
+        self.events.append(f"Dialog: the page showed {'an' if kind[0] in 'aeiou' else 'a'} {kind}{said}; it was {how}.")
+
     def _close_popups(self) -> None:
         """Close every page but the task's: a popup (window.open, target=_blank) whose load was blocked,
         a blank one, or one on a MiniWoB page. A MiniWoB task lives in one page; closing popups right
         after the action keeps the episode there whatever the popup's load timing (its URL goes to
-        `popups_closed`, and to `blocked` if the router refused it)."""
+        `popups_closed`, and to `blocked` if the router refused it; the next observation says that a
+        tab was opened and closed)."""
         task_page = self.task.page if self.task else None
         stray = [p for p in self.context.pages if p != task_page]
         if not stray:
             return
         self._drain(self.context)
         for p in stray:
-            self.popups_closed.append(p.url)
+            self.popups_closed.append(clean_text(p.url))
+            self.events.append("Tab: the page opened a new tab; it was closed, and this page stays.")
             try:
                 p.close(run_before_unload=False)
             except playwright.sync_api.Error:
@@ -445,11 +473,15 @@ def short_error(e: Exception, limit: int = 200) -> str:
     """An error as the agent sees it: "Type: message", its first line only (at most `limit` characters),
     without Playwright's call log (it costs tokens and helps nobody) except the one fact an agent can
     use: which element covers the target, appended as " (element [12] 'OK' is on top of it)"."""
-    full = f"{type(e).__name__}: {e}"
+    full = clean_text(f"{type(e).__name__}: {e}")
     s = full.split("\nCall log:")[0].strip()
     s = s.splitlines()[0] if s else s
     s = s if len(s) <= limit else s[: limit - 3] + "..."
     m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
     if m:
-        s += f" (element [{m.group(1)}] {m.group(2).strip()!r} is on top of it)"
+        s += f" (element [{m.group(1)}] {quote(m.group(2).strip())} is on top of it)"
     return s
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,11 +7,16 @@ placeholder that names the page. A token budget caps the prompt: when it is exce
 oldest turns shrink first (their observations become placeholders, then the oldest turns are
 dropped whole), and as a last resort the current observation is cut. `compress=False` keeps
 every observation (the ablation), still under the budget.
+
+Page text and model text become token ids as the ordinary characters they are: an observation or a
+past reply holding `<|im_end|><|im_start|>assistant` cannot forge a turn (render, encode_text). Text
+without such strings is tokenised exactly as the chat template's own `apply_chat_template` does.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 # Short on purpose: about 97% of every training sequence is prompt, and this is in all of them.
 SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill('bid', 'text'), "
@@ -20,6 +25,8 @@ SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill
 THINK_SYSTEM_PROMPT = SYSTEM_PROMPT + " First think briefly inside <think></think>, then give the action."
 
 _URL = re.compile(r"^URL: *(\S+)", re.M)
+HEADER = "Goal: \nURL: "  # an observation's first two lines, without their text
+CUT_MARK = "\n[...cut]"     # ends an observation cut to fit the budget
 
 
 def placeholder(observation: str) -> str:
@@ -62,10 +69,66 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
 
-def render(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of the chat, ending with the assistant header (ready for generation)."""
+def _template_ids(tokenizer, messages: list[dict]) -> list[int]:
     enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+@lru_cache(maxsize=8)
+def _specials(tokenizer) -> tuple[dict[str, int], re.Pattern | None]:
+    """The tokenizer's special tokens (text -> id) and a pattern that finds them, longest first (None
+    when it has none)."""
+    tokens = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    tokens |= {t for t in tokenizer.all_special_tokens if t}
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in tokens}
+    return ids, re.compile("|".join(map(re.escape, sorted(ids, key=len, reverse=True)))) if ids else None
+
+
+def render_untrusted(tokenizer, messages: list[dict]) -> list[int]:
+    """render's route for contents that hold special-token strings. Each such string in a content is
+    hidden behind a private-use character absent from every content, the template renders the chat
+    as text (its own rewriting of contents, such as trimming, applies), the text is cut at the special
+    tokens that remain, which are the template's own, and each piece between them is encoded with
+    encode_text, hidden strings restored. On text without special strings the result equals
+    apply_chat_template's for tokenizers that encode the pieces between special tokens independently
+    (byte-level BPE: SmolLM2, Qwen, Llama 3; tests/test_compress.py checks it on real observations)."""
+    ids, pattern = _specials(tokenizer)
+    if pattern is None:
+        return _template_ids(tokenizer, messages)
+    used = {c for m in messages for c in str(m.get("content", ""))}
+    free = (chr(c) for c in range(0xF0000, 0xFFFFE) if chr(c) not in used)
+    hide = {t: next(free) for t in ids}
+    show = {c: t for t, c in hide.items()}
+    hidden = [dict(m, content=pattern.sub(lambda x: hide[x.group()], str(m["content"]))) for m in messages]
+    text = tokenizer.apply_chat_template(hidden, add_generation_prompt=True, tokenize=False)
+    out, at = [], 0
+    restore = re.compile("|".join(map(re.escape, show)))
+    for m in list(pattern.finditer(text)) + [None]:
+        piece = text[at:m.start() if m else len(text)]
+        if piece:
+            out += encode_text(tokenizer, restore.sub(lambda x: show[x.group()], piece))
+        if m:
+            out.append(ids[m.group()])
+            at = m.end()
+    return out
+
+
+def render(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of the chat, ending with the assistant header (ready for generation). Contents are
+    untrusted (page text, model replies): a special-token string inside one is encoded as ordinary
+    characters (render_untrusted); the ids of control tokens are exactly the template's own. Contents
+    without such strings: apply_chat_template's own ids."""
+    _, pattern = _specials(tokenizer)
+    if pattern is not None and any(pattern.search(str(m.get("content", ""))) for m in messages):
+        return render_untrusted(tokenizer, messages)
+    return _template_ids(tokenizer, messages)
+
+
+def min_tokens(tokenizer, system: str = SYSTEM_PROMPT) -> int:
+    """The smallest workable prompt budget: the system prompt and an observation's header (`Goal:`,
+    `URL:`, empty) with the mark of a cut observation. build_prompt refuses a smaller one; train.py and
+    eval.py refuse --max-prompt-tokens below it."""
+    return len(render(tokenizer, build_messages([], HEADER + CUT_MARK, system=system)))
 
 
 def build_prompt(tokenizer, history: list[dict], observation: str, *, keep_last: int = 1,
@@ -74,8 +137,13 @@ def build_prompt(tokenizer, history: list[dict], observation: str, *, keep_last:
 
     Shrinks in this order until it fits: oldest kept observations become placeholders, oldest
     turns are dropped, then the current observation is cut from its end (the goal and URL lead
-    it, so they survive). Raises ValueError if even the system prompt alone does not fit.
+    it, so they survive). Raises ValueError if max_tokens < min_tokens(tokenizer, system): the
+    system prompt and the observation's header would not fit.
     """
+    least = min_tokens(tokenizer, system)
+    if max_tokens < least:
+        raise ValueError(f"max_tokens={max_tokens} cannot hold the system prompt and an observation's header: "
+                         f"the smallest workable budget is {least} tokens")
     n = len(history)
     for shrink in range(0, n + 1):  # only matters when compress=False or keep_last > 1
         ids = render(tokenizer, build_messages(history, observation, keep_last=keep_last, compress=compress,
@@ -89,12 +157,10 @@ def build_prompt(tokenizer, history: list[dict], observation: str, *, keep_last:
             return ids
     # Only the current observation is left and it is still too long: cut its text.
     base = len(render(tokenizer, build_messages([], "", system=system)))
-    if base >= max_tokens:
-        raise ValueError(f"max_tokens={max_tokens} cannot hold even the system prompt ({base} tokens)")
-    obs_ids = tokenizer.encode(observation, add_special_tokens=False)
+    obs_ids = encode_text(tokenizer, observation)
     keep = max_tokens - base
     while keep > 0:
-        text = tokenizer.decode(obs_ids[:keep]) + "\n[...cut]"
+        text = tokenizer.decode(obs_ids[:keep]) + CUT_MARK
         ids = render(tokenizer, build_messages([], text, system=system))
         if len(ids) <= max_tokens:
             return ids

@@ -29,7 +29,7 @@ import rollout as rollouts
 import supervised
 import transitions
 import update
-from runlog import read_jsonl, write_jsonl
+from runlog import read_jsonl, truncate_jsonl
 
 
 def dream_batch(args, it: int, rank: int, world: int, demos: list[dict]) -> tuple[list[tuple[str, int]], list[dict]]:
@@ -191,8 +191,8 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                              f"{args.dream_len}, loss {args.loss}, expert loss {args.expert_loss}, world {world}")
     renv: list = []  # one real browser for the replay checks, opened on first use
     replays_path = os.path.join(args.out, "dream_replays.jsonl")
-    if it and rank == 0 and os.path.exists(replays_path):  # resumed: like metrics.jsonl, drop what is redone
-        write_jsonl(replays_path, [r for r in read_jsonl(replays_path) if r.get("iteration", 0) <= it])
+    if it and rank == 0:  # resumed: like metrics.jsonl, drop what is redone (and a line cut by the kill)
+        truncate_jsonl(replays_path, "iteration", it)
     settings = args.prompt_settings
     try:
         bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)

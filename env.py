@@ -22,7 +22,17 @@ The environment's contract:
 - model text is parsed by a strict grammar (actions.parse_action) with `ast`, never executed; a
   parse error costs a step and is shown in the next observation;
 - only the MiniWoB html folder loads (file://), every other request aborts; no host name resolves
-  and WebRTC sends no UDP; popups are closed;
+  and WebRTC sends no UDP;
+- tabs: a MiniWoB task lives in one page. A tab the page opens (window.open, a target=_blank link,
+  to any URL) is closed right after the action, unobserved; the task page stays the observed page,
+  the episode goes on, and the next observation says so ("Tab: the page opened a new tab; it was
+  closed, and this page stays.");
+- native dialogs (alert, confirm, prompt) are accepted at once, as by a user who clicks OK (a prompt
+  with its default text); the next observation says which dialog, its message and what was done
+  ("Dialog: the page showed a confirm 'Really delete?'; it was accepted (OK).");
+- text from the page (goal, URL, names, values, errors, dialog messages) is valid Unicode: a lone
+  surrogate is shown as U+FFFD, as the browser draws it (axtree.clean), and names and values are
+  written as the page shows them (axtree.quote);
 - reward 1 only on full credit (MiniWoB pays partial credit for some wrong answers);
 - a browser fault ends the episode with info["env_error"] = True and never raises from step();
   every step, reset and close is bounded in wall-clock time (a watchdog kills a page that stops
@@ -99,6 +109,8 @@ def is_success(raw_reward: float) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Observation
 
+MAX_EVENTS = 5  # event lines an observation shows (a page that alerts in a loop would fill the prompt)
+
 
 @dataclass
 class Obs:
@@ -113,14 +125,22 @@ class Obs:
     # JPEG of the task area (WebEnv(screenshots=True) only; None otherwise or if the capture failed).
     # For people (report.py), never for the prompt: `text` does not use it.
     screenshot: bytes | None = field(default=None, repr=False, compare=False)
+    # what the page did beside the action, one line each (browser.py writes them): "Dialog: the page
+    # showed a confirm 'Really delete?'; it was accepted (OK).", "Tab: the page opened a new tab; ..."
+    events: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         return self.render()
 
     def render(self) -> str:
-        """Goal, URL, tree, then the last action's error if any."""
+        """Goal, URL, tree, the page's events (at most MAX_EVENTS lines, then a count), then the last
+        action's error if any."""
         s = f"Goal: {self.goal}\nURL: {self.url}\n{self.axtree}"
+        for line in self.events[:MAX_EVENTS]:
+            s += f"\n{line}"
+        if len(self.events) > MAX_EVENTS:
+            s += f"\n... ({len(self.events) - MAX_EVENTS} more events)"
         if self.error:
             s += f"\nLast action error: {self.error}"
         return s
@@ -168,8 +188,9 @@ class WebEnv:
       again on the new document. A task page that navigated elsewhere or reloaded ends the episode
       with reward 0 and info["error"] saying so (the page left the task, as in BrowserGym; not env_error);
     - a request outside the MiniWoB folder (image, script, frame, fetch, popup, navigation) is aborted
-      and listed in `self._bg.blocked`; popups are closed after each action (`self._bg.popups_closed`)
-      and the episode goes on in the task's page; name resolution and WebRTC UDP are off in Chromium
+      and listed in `self._bg.blocked`; popups and tabs are closed after each action
+      (`self._bg.popups_closed`) and the episode goes on in the task's page (Obs.events says so);
+    - a native dialog is accepted (Obs.events says which, with its message); name resolution and WebRTC UDP are off in Chromium
       (WebSockets, which the router never sees, cannot connect);
     - an infrastructure fault (the browser or its renderer died, the page stopped answering, a page
       too large to observe: more than browser.MAX_PAGE_ELEMENTS elements) ends the episode with done,
@@ -226,7 +247,7 @@ class WebEnv:
     def _obs(self, bg_obs: dict, error: str = "") -> Obs:
         return Obs(goal=self.goal, url=short_url(bg_obs["url"]),
                    axtree=flatten_axtree(bg_obs["axtree_object"], self.max_tree_lines),
-                   error=error, step=self.t)
+                   error=error, step=self.t, events=tuple(bg_obs.get("events", ())))
 
     def _screenshot(self) -> bytes | None:
         """The task area as a small JPEG (Obs.screenshot), or None: screenshots off, or the capture

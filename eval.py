@@ -160,11 +160,16 @@ def main(argv=None):
         p.error(f"--seeds must be between 1 and {len(webenv.EVAL_SEEDS)}")
     # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
     checkpoint.resolve_prompt_settings(args, args.ckpt)
+    prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
+                                     max_tokens=args.max_prompt_tokens, think=args.think)
+    least = compress.min_tokens(policy.load_tokenizer(args.ckpt or args.model), prompt.system)
+    if args.max_prompt_tokens < least:
+        p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
+                f"{' of --think' if args.think else ''} and an observation's header take {least} tokens; "
+                f"use at least {least}")
     out = args.out or (os.path.join(args.ckpt, "eval") if args.ckpt else os.path.join("runs", "eval-base"))
     os.makedirs(out, exist_ok=True)
     model, tok = policy.load_model(args.ckpt or args.model, device=args.device)
-    prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                     max_tokens=args.max_prompt_tokens, think=args.think)
     t0 = time.time()
     summary, trajs = evaluate(generators.HFGenerator(model, tok, bf16=bool(args.bf16)), tok, tasks,
                               webenv.eval_seeds(args.seeds), max_steps=args.max_steps, num_envs=args.num_envs,

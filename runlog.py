@@ -44,6 +44,13 @@ def read_jsonl(path: str) -> list[dict]:
     return out
 
 
+def truncate_jsonl(path: str, key: str, last) -> None:
+    """On resume: keep only the records of `path` whose `key` is at most `last` (those after it are
+    redone; a record without the key counts as 0), atomically; a cut last line goes too. No file: nothing."""
+    if os.path.exists(path):
+        write_jsonl(path, [r for r in read_jsonl(path) if r.get(key, 0) <= last])
+
+
 def write_jsonl(path: str, records: list[dict]) -> None:
     """Replace `path` by the records, one JSON line each, atomically (a temp file, then rename)."""
     tmp = path + ".tmp"
@@ -64,8 +71,8 @@ class Logger:
         from torch.utils.tensorboard import SummaryWriter
 
         path = os.path.join(out, "metrics.jsonl")
-        if resume_step is not None and os.path.exists(path):
-            write_jsonl(path, [m for m in read_jsonl(path) if m.get("step", 0) <= resume_step])
+        if resume_step is not None:
+            truncate_jsonl(path, "step", resume_step)
         # purge_step: events at or after it, written by the interrupted run, are dropped
         self.tb = SummaryWriter(os.path.join(out, "tb"),
                                 purge_step=resume_step + 1 if resume_step is not None else None)

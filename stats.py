@@ -15,22 +15,27 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+
+def wilson(successes, n, z: float = 1.96):
     """95% Wilson score interval of a binomial proportion, as (low, high) in [0, 1].
 
     Always holds the observed rate: exactly 0.0 below when successes == 0 and exactly 1.0 above when
     successes == n (floating point alone gives 2.8e-17 and 0.9999999999999999 there). (0, 1) when n == 0.
-    Errors: ValueError unless 0 <= successes <= n."""
-    if not 0 <= successes <= n:
+    successes and n may be numpy arrays of the same shape (then low and high are arrays, element by
+    element the same floats). Errors: ValueError unless 0 <= successes <= n."""
+    s, m = np.asarray(successes), np.asarray(n)
+    if np.any((s < 0) | (s > m)):
         raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    lo = 0.0 if successes == 0 else min(p, max(0.0, centre - half))
-    hi = 1.0 if successes == n else max(p, min(1.0, centre + half))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = s / m
+        centre = (p + z * z / (2 * m)) / (1 + z * z / m)
+        half = z * np.sqrt(p * (1 - p) / m + z * z / (4 * m * m)) / (1 + z * z / m)
+        lo = np.where((s == 0) | (m == 0), 0.0, np.minimum(p, np.maximum(0.0, centre - half)))
+        hi = np.where((s == m) | (m == 0), 1.0, np.maximum(p, np.minimum(1.0, centre + half)))
+    if lo.ndim == 0:
+        return float(lo), float(hi)
     return lo, hi
 
 

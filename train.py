@@ -27,6 +27,12 @@ normalised by global counts and gradients summed over ranks (gloo on CPU, nccl o
 Checkpoints are Hugging Face folders (safetensors) plus optimizer, step and RNG state, written
 atomically; --resume continues from the newest. Metrics go to TensorBoard (out/tb) and
 out/metrics.jsonl.
+
+A run's flags: out/args.json holds those of its first start, out/args-history.jsonl one line per start
+(time, command line, flags, overrides). --resume runs with the flags of args.json (its --init stays the
+KL reference and the start of the curves): a flag given again with the same value is fine; one of
+RESUMABLE (--iterations, --epochs, the checkpoint, report and eval cadence, the rollout machinery,
+memory knobs) may change and the change is printed and logged; any other change is an error.
 """
 from __future__ import annotations
 
@@ -55,6 +61,51 @@ import report
 import rollout as rollouts
 import update
 from runlog import Logger
+
+
+# Flags that a resumed run may change (how long, how often, on what machinery); the others define the run.
+# (--epochs: a BC or WM run continued for more passes; its linear decay is then over the new length.)
+RESUMABLE = ("iterations", "epochs", "save_every", "keep_ckpts", "report_every", "eval_every", "eval_seeds", "num_envs",
+             "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory")
+
+
+def _given(p: argparse.ArgumentParser, argv) -> set[str]:
+    """The flags (dest names) written on the command line, whatever their value."""
+    saved = {a.dest: a.default for a in p._actions}
+    try:
+        for a in p._actions:
+            a.default = argparse.SUPPRESS
+        return set(vars(p.parse_args(argv)))
+    finally:
+        for a in p._actions:
+            a.default = saved[a.dest]
+
+
+def _resume_flags(p: argparse.ArgumentParser, args, argv) -> dict:
+    """--resume: args takes the flags of out/args.json (the run's first start) except those given on this
+    command line. A given flag that differs from the run's is an error unless it is in RESUMABLE; returns
+    those changes, {flag: [run's value, new value]}."""
+    path = os.path.join(args.out, "args.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        stored = json.load(f)
+    given, changed = _given(p, argv), {}
+    for k, v in stored.items():
+        if k in ("resume", "out") or k not in vars(args):
+            continue
+        if k == "tasks" and isinstance(v, list):  # (args.json of older runs held the derived list)
+            v = ",".join(v)
+        if k not in given:
+            setattr(args, k, v)
+        elif getattr(args, k) != v:
+            if k not in RESUMABLE:
+                p.error(f"--resume: --{k.replace('_', '-')} is {v!r} in this run ({path}); a resumed run keeps it "
+                        f"(may change: {', '.join('--' + r.replace('_', '-') for r in RESUMABLE)})")
+            changed[k] = [v, getattr(args, k)]
+    for k, (old, new) in changed.items():
+        print(f"resume: --{k.replace('_', '-')} {old!r} -> {new!r}", file=sys.stderr)
+    return changed
 
 
 def parse_args(argv=None):
@@ -164,9 +215,10 @@ def parse_args(argv=None):
                    "(train.py --mode judge)")
     g.add_argument("--judge-threshold", type=float, default=0.5, help="the judge says yes when P(yes) is above this")
     args = p.parse_args(argv)
-    # derived values and checks, right after parsing
     args.out = args.out or os.path.join("runs", args.mode)
-    # a run's own checkpoint when resumed, else the one it starts from
+    args.overrides = _resume_flags(p, args, argv) if args.resume else {}
+    args.flags = {k: v for k, v in vars(args).items() if k != "overrides"}  # as given: args.json's record
+    # derived values and checks; the prompt format: a run's own checkpoint when resumed, else the one it starts from
     checkpoint.resolve_prompt_settings(args, (checkpoint.latest_checkpoint(args.out) if args.resume else None) or args.init)
     args.tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in args.tasks if t not in webenv.TASKS]
@@ -211,11 +263,26 @@ def parse_args(argv=None):
         args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
     args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
                                           max_tokens=args.max_prompt_tokens, think=args.think)
+    least = _least_budget(args.model if args.tiny else args.init or args.model, args.prompt)
+    if least is not None and args.max_prompt_tokens < least:
+        p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
+                f"{' of --think' if args.think else ''} and an observation's header take {least} tokens; "
+                f"use at least {least}")
     # what eval.py needs to prompt a checkpoint the way it was trained (webdream.json)
     args.prompt_settings = {"keep_last": args.keep_last, "no_compress": args.no_compress, "think": args.think,
                             "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps,
                             "max_new_tokens": args.max_new_tokens}
     return args
+
+
+def _least_budget(model: str, prompt: compress.PromptSettings) -> int | None:
+    """compress.min_tokens with `model`'s tokenizer and the prompt's system prompt; None when the
+    tokenizer cannot be loaded here (loading the model reports that better)."""
+    try:
+        tok = policy.load_tokenizer(model)
+    except Exception:
+        return None
+    return compress.min_tokens(tok, prompt.system)
 
 
 def update_config(args) -> update.UpdateConfig:
@@ -378,8 +445,13 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         if not args.resume and checkpoint.latest_checkpoint(args.out):
             print(f"note: {args.out} already holds checkpoints; pass --resume to continue from them", file=sys.stderr)
-        with open(os.path.join(args.out, "args.json"), "w") as f:
-            json.dump({k: v for k, v in vars(args).items() if k != "prompt"}, f, indent=1)
+        first = os.path.join(args.out, "args.json")
+        if not (args.resume and os.path.exists(first)):  # a resumed run keeps its first start's flags
+            with open(first, "w") as f:
+                json.dump(args.flags, f, indent=1)
+        with open(os.path.join(args.out, "args-history.jsonl"), "a") as f:
+            f.write(json.dumps({"time": time.time(), "argv": list(sys.argv[1:] if argv is None else argv),
+                                "resume": args.resume, "overrides": args.overrides, "flags": args.flags}) + "\n")
     distributed.barrier(world)
     resume = checkpoint.latest_checkpoint(args.out) if args.resume else None
     model, tok = build_model(args, device, path=resume)

@@ -1,6 +1,7 @@
 """actions.py: parse_action on the replies models actually write: every reply gives exactly one
 canonical action or an ActionParseError of a named kind, never an empty or silently different action.
 Pure: no browser is started."""
+import os
 import pickle
 import warnings
 
@@ -315,11 +316,58 @@ def test_error_keeps_its_kind_when_pickled():
 
 
 # ---------------------------------------------------------------------------------------------
+# press(): the keys Playwright knows, and only those
+
+
+@pytest.mark.parametrize("key, want", [
+    (" ", "Space"), ("Space", "Space"), ("space", "Space"), ("\n", "Enter"), ("enter", "Enter"), (" Enter ", "Enter"),
+    ("Control+a", "Control+a"), ("ctrl+A", "Control+A"), ("Control++", "Control++"), ("+", "+"), ("Shift+ ", "Shift+Space"),
+    ("ControlOrMeta+Shift+ArrowLeft", "ControlOrMeta+Shift+ArrowLeft"), ("esc", "Escape"), ("f5", "F5"), ("#", "#"),
+])
+def test_press_takes_every_key_playwright_takes(key, want):
+    assert parse_action(f"press('14', {key!r})") == f"press('14', {want!r})"
+    assert parse_action(f"press('14', {want!r})") == f"press('14', {want!r})"  # a fixed point
+
+
+@pytest.mark.parametrize("key", ["", "  ", "Foo", "Shift+", "a+", "é", "Enter key", "Ctrl-a", "\t"])
+def test_press_refuses_keys_playwright_does_not_know(key):
+    with pytest.raises(ActionParseError) as e:
+        parse_action(f"press('14', {key!r})")
+    assert e.value.kind == "bad_key" and "Control+a" in str(e.value)
+
+
+def test_the_key_list_is_playwrights_own():
+    # the keys of Playwright's US layout as its own keyboard code builds them (server/input.js), from
+    # the installed driver, by its own node
+    import json
+    import subprocess
+
+    import playwright
+    driver = os.path.join(os.path.dirname(playwright.__file__), "driver")
+    script = f"""const {{USKeyboardLayout}} = require({json.dumps(driver + '/package/lib/server/usKeyboardLayout.js')});
+const aliases = {{ShiftLeft: ['Shift'], ControlLeft: ['Control'], AltLeft: ['Alt'], MetaLeft: ['Meta'], Enter: ['\\n', '\\r']}};
+const names = new Set(['ControlOrMeta']);
+for (const code in USKeyboardLayout) {{ const d = USKeyboardLayout[code]; names.add(code);
+  for (const a of aliases[code] || []) names.add(a);
+  if (d.location) continue;
+  if (d.key.length === 1) names.add(d.key);
+  if (d.shiftKey) names.add(d.shiftKey); }}
+console.log(JSON.stringify([...names]));"""
+    names = json.loads(subprocess.run([os.path.join(driver, "node"), "-e", script], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert {n for n in names if len(n) > 1} == actions._NAMED_KEYS
+    assert {n for n in names if len(n) == 1} == actions._KEY_CHARS
+
+
+# ---------------------------------------------------------------------------------------------
 # property: every action of the language is a fixed point, wherever it is written
 
 SPECIAL = "'\"\\#\n\r\t ()[]{},=<>/`xX9éの🚀\u2028\x00"
 TEXT = st.text(max_size=30) | st.text(alphabet=SPECIAL, max_size=30)
 BID = st.from_regex(r"[a-zA-Z]{0,2}[0-9]{1,4}", fullmatch=True)
+# a key combination in canonical form (' ' and line breaks are written 'Space' and 'Enter')
+KEYS = st.lists(st.sampled_from(sorted(actions._NAMED_KEYS) + [chr(c) for c in range(0x21, 0x7F)]),
+                min_size=1, max_size=3).map("+".join)
 PIXELS = st.integers(-10**9, 10**9) | st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False)
 
 
@@ -336,7 +384,7 @@ def any_action(draw):
         elif p == "options":
             args.append(draw(TEXT | st.lists(TEXT, min_size=1, max_size=4)))
         elif p == "key_comb":
-            args.append(draw(TEXT.filter(str.strip)))
+            args.append(draw(KEYS))
         else:
             args.append(draw(TEXT))
     return f"{name}({', '.join(repr(a) for a in args)})", name, args

@@ -1,9 +1,14 @@
 """axtree.py: flatten_axtree's text is read back exactly by its one reader (read_tree, parse_line,
 line_bid). Pure: no browser is started."""
+import ast
+import json
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axtree import flatten_axtree, line_bid, parse_line, read_tree
+from axtree import clean, clean_text, flatten_axtree, line_bid, parse_line, quote, read_tree
+from runlog import read_jsonl
 
 
 def test_read_tree_roundtrip():
@@ -71,3 +76,53 @@ def test_the_reader_reads_what_flatten_writes(specs):
 def test_line_bid_is_the_readers_bid_on_any_text(line):
     node = parse_line(line)
     assert (node.bid if node else None) == line_bid(line)
+
+
+# ---------------------------------------------------------------------------------------------
+# page text: valid Unicode, written as the page shows it
+
+
+def test_clean_makes_page_text_valid_unicode():
+    assert clean_text("Save \ud83d") == "Save \ufffd" and clean_text("\ude00x\ud83d") == "\ufffdx\ufffd"
+    assert clean_text("\ud83d\ude00") == "\U0001f600"  # a pair split in two code points is its character
+    ok = "plain, é, の, 🚀, \xa0, \u200b"
+    assert clean_text(ok) is ok
+    tree = {"nodes": [{"name": {"value": "Save \ud83d"}, "childIds": ["1"], "k\udc00": ("x\udfff", 3, None)}]}
+    assert clean(tree) == {"nodes": [{"name": {"value": "Save \ufffd"}, "childIds": ["1"], "k\ufffd": ("x\ufffd", 3, None)}]}
+    json.dumps(clean(tree), ensure_ascii=False).encode("utf-8")
+    valid = {"nodes": [{"name": {"value": ok}}]}
+    assert clean(valid) is valid  # nothing copied when nothing is wrong
+
+
+def test_a_cleaned_name_is_shown_as_the_page_shows_it():
+    root = _node(0, "RootWebArea", kids=[1, 2])
+    tree = {"nodes": [root, _node(1, "button", "Save \ud83d", bid="5"), _node(2, "textbox", "", "a\xa0b\u200b", bid="6")]}
+    text = flatten_axtree(clean(tree))
+    assert text == "[5] button 'Save \ufffd'\n[6] textbox value='a\xa0b\u200b'"  # no \\ud83d, no \\xa0
+    assert [(n.name, n.value) for n in read_tree(text)] == [("Save \ufffd", None), ("", "a\xa0b\u200b")]
+
+
+AWKWARD = "'\"\\\n\r\t\x00\x0b\x0c\x1c\x1e\x7f\x85\x9f\xa0\xad\u2028\u2029\u200b\u200e\ufeff\ufffd\ud83d\ude00\ue000xé🚀 ,=[]"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=12) | st.text(AWKWARD, max_size=12), st.text(max_size=8) | st.text(AWKWARD, max_size=8))
+def test_quote_reads_back_exactly_on_one_line(name, value):
+    root = _node(0, "RootWebArea", kids=[1])
+    text = flatten_axtree({"nodes": [root, _node(1, "textbox", name, value, bid="7")]})
+    assert len(text.split("\n")) == 1 and len(text.splitlines()) == 1  # whatever splits lines, it is one
+    node = parse_line(text)
+    name = " ".join(name.split())
+    assert node.name == name and node.value == (value if value not in ("", name) else None)
+    for s in (name, value):
+        assert ast.literal_eval(quote(s)) == s
+
+
+def test_quote_writes_real_trees_as_repr_did():
+    # every name and value of the real pages in tests/data/transitions.jsonl: written as before
+    path = os.path.join(os.path.dirname(__file__), "data", "transitions.jsonl")
+    lines = [line for r in read_jsonl(path) for o in (r["obs"], r["next_obs"]) for line in o["axtree"].split("\n")]
+    texts = [t for n in map(parse_line, lines) if n for t in (n.name, n.value) if t]
+    assert len(texts) > 100
+    assert all(quote(t) == repr(t) for t in texts)
+    assert all(quote(t) == repr(t) for t in ["it's", 'say "hi"', "both ' and \"", "a\\b", "tab\there", "é の 🚀"])

@@ -18,6 +18,7 @@ import update  # noqa: E402
 import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
+from runlog import read_jsonl  # noqa: E402
 
 DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
@@ -151,7 +152,7 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                           ["--loss", "mgrpo", "--kl-coef", "0.1"]),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    ms = read_jsonl(os.path.join(out, "metrics.jsonl"))
     assert [x["step"] for x in ms] == [1, 2]
     # 4 trajectories a batch: 2 real, one dream group of 2, each dream 1-2 imagined steps
     assert all(x["dream/real_trajectories"] == 2 and x["dream/trajectories"] == 2 for x in ms)
@@ -166,7 +167,7 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
         assert all(x["judge/n"] == 2 for x in ms) and "dream/replay_judge_false_positive_rate" in ms[1]
     assert "dream/replay_done_false_positive_rate" in ms[1]
-    rec = [json.loads(line) for line in open(os.path.join(out, "dream_replays.jsonl"))]
+    rec = read_jsonl(os.path.join(out, "dream_replays.jsonl"))
     assert len(rec) == 1 and rec[0]["source"] == "dream" and "real_observation" in rec[0]["turns"][0]
     assert "done_success" in rec[0] and ("judge_p" in rec[0]) == (expert_loss == "gspo")
     html = open(os.path.join(out, "report", "report.html")).read()  # iteration 2's report, the replayed dream in it

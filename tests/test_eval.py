@@ -1,4 +1,8 @@
-"""eval.py's statistics (stats.py) and comparisons, checked by hand."""
+"""eval.py's statistics (stats.py) and comparisons, checked by hand; its flags."""
+import numpy as np
+import pytest
+
+import compress
 import eval as webeval
 import stats
 
@@ -9,6 +13,44 @@ def test_wilson_by_hand():
     lo, hi = stats.wilson(5, 10)
     assert abs(lo - 0.2366) < 1e-4 and abs(hi - 0.7634) < 1e-4
     assert stats.wilson(0, 0) == (0.0, 1.0)
+
+
+def test_wilson_holds_the_observed_rate_at_every_count_up_to_3000():
+    # every 0 <= s <= n <= 3000 at once (4.5 million intervals; the array form gives the scalar floats)
+    sizes = np.arange(2, 3002)  # n + 1 values of s for each n
+    n = np.repeat(np.arange(1, 3001), sizes)
+    s = np.arange(len(n)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    lo, hi = stats.wilson(s, n)
+    assert ((lo <= s / n) & (s / n <= hi) & (0 <= lo) & (hi <= 1)).all()
+    assert (lo[s == 0] == 0.0).all() and (hi[s == n] == 1.0).all()  # exactly, not 2.8e-17 or 1 - 1e-16
+    for k in np.random.default_rng(0).integers(0, len(n), 500):
+        assert stats.wilson(int(s[k]), int(n[k])) == (lo[k], hi[k])
+    for m in range(1, 3001):  # the scalar form at the boundaries
+        assert stats.wilson(0, m)[0] == 0.0 and stats.wilson(m, m)[1] == 1.0
+    with pytest.raises(ValueError):
+        stats.wilson(np.array([1, 4]), np.array([2, 3]))
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_a_prompt_budget_below_the_system_prompt_and_header_is_a_usage_error(tok, think, capsys):
+    system = compress.THINK_SYSTEM_PROMPT if think else compress.SYSTEM_PROMPT
+    least = compress.min_tokens(tok, system)
+    assert 30 < least < 200
+    with pytest.raises(SystemExit) as e:
+        webeval.main(["--max-prompt-tokens", "16", "--think" if think else "--no-think"])
+    assert e.value.code == 2 and f"use at least {least}" in capsys.readouterr().err
+    import train
+
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--mode", "real", "--max-prompt-tokens", str(least - 1), "--think" if think else "--no-think"])
+    assert e.value.code == 2 and f"use at least {least}" in capsys.readouterr().err
+    assert train.parse_args(["--mode", "real", "--max-prompt-tokens", str(least), "--think" if think else "--no-think"])
+    # the smallest budget works: a prompt within it, whatever the observation
+    ids = compress.build_prompt(tok, [], "Goal: click the long button\nURL: x.html\n" + "[3] button 'a'\n" * 50,
+                                max_tokens=least, system=system)
+    assert len(ids) <= least and "Goal: " in tok.decode(ids)
+    with pytest.raises(ValueError, match=f"smallest workable budget is {least}"):
+        compress.build_prompt(tok, [], "Goal: x\nURL: y", max_tokens=least - 1, system=system)
 
 
 def traj(task, success, env_error=False, steps=2):

@@ -1,14 +1,13 @@
 """experts.py: the scripted experts solve held-out pages from the text observation alone."""
-import json
-
 import pytest
 
 import env
 import experts
 from actions import parse_action
+from runlog import read_jsonl
 
 
-@pytest.mark.parametrize("task", ["click-checkboxes", "login-user", "click-tab-2"])
+@pytest.mark.parametrize("task", ["click-checkboxes", "login-user", "click-tab-2", "choose-list"])
 def test_expert_solves_eval_seeds(task):
     e = env.make_env(task)
     try:
@@ -30,7 +29,7 @@ def test_collect_demos_writes_records(tmp_path):
     path = tmp_path / "demos.jsonl"
     counts = experts.collect_demos(["click-button"], 2, str(path), progress=False)
     assert counts["click-button"]["success"] == 2
-    recs = [json.loads(l) for l in path.read_text().splitlines()]
+    recs = read_jsonl(str(path))
     assert len(recs) == 2 and {r["seed"] for r in recs} == set(env.train_seeds(2))
     r = recs[0]
     assert r["source"] == "expert" and r["success"] and r["reward"] == 1.0 and not r["env_error"]

@@ -3,7 +3,6 @@
 and with the full weights held (ranks running different numbers of generate calls and
 micro-batches, as in RL), matches one unsharded model step for step."""
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import torch
 import generators
 import policy
 from rollout import EnvPool, rollout
+from runlog import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
@@ -132,13 +132,11 @@ def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path, demos):
     init = policy.tiny_model(policy.load_tokenizer())
     assert set(fsdp.state_dict()) >= set(init.state_dict())
     assert not torch.allclose(fsdp.model.norm.weight, init.model.norm.weight)
-    with open(tmp_path / "fsdp" / "metrics.jsonl") as f:
-        assert [json.loads(line)["step"] for line in f] == [1, 2]
+    assert [m["step"] for m in read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")] == [1, 2]
     # --resume under --fsdp: full weights load, then shard; the optimizer state is split to the shards
     torchrun(base[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "fsdp"), "--fsdp",
                           "--resume"])
-    with open(tmp_path / "fsdp" / "metrics.jsonl") as f:
-        assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4]
+    assert [m["step"] for m in read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")] == [1, 2, 3, 4]
     # the same two runs without --fsdp (plain data parallel, whose resume test_train checks) end equal
     torchrun(base + ["--out", str(tmp_path / "ddp")])
     torchrun(base[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "ddp"), "--resume"])
@@ -203,6 +201,7 @@ if rank == 0:
     assert all(torch.allclose(sd[k], want[k], atol=1e-5) for k in want)
     assert not torch.allclose(want["model.norm.weight"], policy.tiny_model(tok).model.norm.weight)
 loss(model, data[0]).backward()  # outside full_params: plain FSDP again
+dist.barrier()  # both ranks' reduce-scatters done before either tears the group down (else, at times, an abort at exit)
 print("RL-CHECK-OK", rank, flush=True)
 dist.destroy_process_group()
 '''

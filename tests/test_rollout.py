@@ -316,3 +316,86 @@ def test_each_reply_goes_to_the_agent_that_asked(tok):
     for (_, seed), t in zip(jobs, trajs):
         assert [u["response"] for u in t["turns"]] == [f"click('{seed}0')", f"click('{seed}1')"]
         assert t["seed"] == seed and t["reward"] == 1.0 and not t["env_error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# faults outside env.step end one episode as env_error, with their text; the rollout returns
+
+
+class _BadText(webenv.Obs):
+    """An observation whose text cannot be rendered: building the prompt from it raises."""
+
+    @property
+    def text(self):
+        raise ValueError("this page cannot be rendered")
+
+
+class _FaultyPages(_OwnButton):
+    """_OwnButton's episodes, whose seed picks a fault outside env.step: 1, the first observation's
+    text raises; 2, the second one's; 3, step returns an info that is not a dict (the record fails)."""
+
+    def page(self):
+        if (self.seed, self.t) in ((1, 0), (2, 1)):
+            return _BadText(goal="Click the button.", url="x.html", axtree="")
+        return super().page()
+
+    def step(self, text):
+        obs, reward, done, info = super().step(text)
+        return obs, reward, done, None if self.seed == 3 else info
+
+
+class _FailsOnCall(_ClickTheButtonInMyPrompt):
+    """Clicks the button of its own prompt, except that its `fail`-th generate call raises."""
+
+    def __init__(self, tok, fail):
+        super().__init__(tok)
+        self.fail, self.calls, self.failed_on = fail, 0, None
+
+    def generate(self, prompts, **kw):
+        self.calls += 1
+        if self.calls == self.fail:
+            self.failed_on = self.tok.decode(prompts[0])
+            raise RuntimeError("the GPU fell over")
+        return super().generate(prompts, **kw)
+
+
+def _bounded_rollout(gen, tok, pool, jobs, **kw):
+    """rollout() in a thread that must end within 120 s: a regression fails, it does not hang."""
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=rollout(gen, tok, pool, jobs, **kw)), daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "rollout() never returned"
+    return out["r"]
+
+
+def test_a_fault_building_a_prompt_or_a_record_ends_only_its_episode(tok):
+    workers = EnvPool(_FaultyPages, tok, num_envs=2)
+    jobs = [("click-button", seed) for seed in (0, 1, 2, 3, 4, 5)]
+    try:
+        trajs, _ = _bounded_rollout(_ClickTheButtonInMyPrompt(tok), tok, workers, jobs, gen_batch=1)
+    finally:
+        workers.close()
+    by_seed = {t["seed"]: t for t in trajs}
+    assert by_seed[1]["env_error"] and by_seed[1]["error"] == "worker error: ValueError: this page cannot be rendered"
+    assert by_seed[1]["turns"] == []
+    assert by_seed[2]["env_error"] and by_seed[2]["error"] == by_seed[1]["error"]
+    assert [u["action"] for u in by_seed[2]["turns"]] == ["click('20')"]  # the turn before the fault is kept
+    assert by_seed[3]["env_error"] and by_seed[3]["error"].startswith("worker error: AttributeError")
+    for seed in (0, 4, 5):  # the others finish, solved
+        assert not by_seed[seed]["env_error"] and by_seed[seed]["reward"] == 1.0 and by_seed[seed]["steps"] == 2
+
+
+def test_a_generator_that_raises_ends_the_episodes_it_served(tok):
+    gen = _FailsOnCall(tok, fail=3)
+    workers = EnvPool(_OwnButton, tok, num_envs=2)
+    jobs = [("click-button", seed) for seed in (11, 22, 33, 44)]
+    try:
+        trajs, stats = _bounded_rollout(gen, tok, workers, jobs, gen_batch=1)  # one prompt a call: one victim
+    finally:
+        workers.close()
+    failed = [t for t in trajs if t["env_error"]]
+    assert len(failed) == 1 and failed[0]["error"] == "worker error: RuntimeError: generation failed: RuntimeError: the GPU fell over"
+    assert f"[{failed[0]['seed']}" in gen.failed_on  # the episode whose prompt was in the failed call
+    assert all(t["reward"] == 1.0 and t["steps"] == 2 for t in trajs if not t["env_error"])
+    assert stats["generate_calls"] >= 7

@@ -35,3 +35,17 @@ def test_sweep_table_plot_and_baseline_on_the_swept_tasks(tmp_path):
     data = json.loads((out / "sweep.json").read_text())
     assert [r["value"] for r in data["rows"]] == [0.0, 0.4] and data["baseline"]["n"] == 20
     assert (out / "sweep.png").stat().st_size > 1000
+
+
+def test_a_point_whose_metrics_end_with_a_cut_line_reads_its_last_whole_record(tmp_path):
+    # a point's run was killed while appending to metrics.jsonl: sweep reads its last whole record
+    out = tmp_path / "sweep"
+    d = out / "dream-len-3"
+    (d / "final" / "eval").mkdir(parents=True)
+    (d / "final" / "eval" / "results.json").write_text(json.dumps(results({"click-button": (2, 5)})))
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "env/real_steps": 7, "dream/steps": 30}) + "\n"
+                                     + '{"step": 2, "env/real_steps": 9, "dre')
+    sweep.main(["--param", "dream-len", "--values", "3", "--init", str(tmp_path), "--tasks", "click-button",
+                "--out", str(out)])
+    row = json.loads((out / "sweep.json").read_text())["rows"][0]
+    assert row["real_steps"] == 7 and row["dream_steps"] == 30

@@ -1,11 +1,12 @@
 """train.py end to end in subprocesses with a tiny model: BC, M-GRPO on real pages, torchrun."""
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+
+from runlog import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
@@ -18,8 +19,7 @@ def run(args, timeout=300):
 
 
 def metrics(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(os.path.join(out, "metrics.jsonl"))
 
 
 def test_bc_runs_and_resumes(tmp_path, demos):

@@ -1,0 +1,78 @@
+"""How a canonical action runs on the page: BrowserGym's own action functions, and ours where theirs
+do not act on what the agent sees.
+
+    from page_actions import action_namespace
+    ns = action_namespace(send_message=lambda text: print(text))   # one namespace per environment
+    ns["page"] = page                                               # rebound before every action
+    ns["click"]("13"); ns["select_option"]("9", "Blue")             # (actions.split_action's name, args)
+
+- BrowserGym's library (browsergym-core 0.14.3: its "chat", "bid" and "nav" subsets, no demo mode, no
+  retry with force), compiled once at import and exec'd into each namespace: safe, it is BrowserGym's
+  own code; model text is never executed (actions.py parses it into a name and literal arguments);
+- check() and uncheck(), from the same library but in none of its subsets;
+- select_option: ours (select_options). BrowserGym's passes the text to Playwright, which matches an
+  option's value before its label: with options value="Alpha" labelled "Other" and one labelled
+  "Alpha", select_option(bid, 'Alpha') chose "Other", which the agent never saw as 'Alpha'.
+"""
+from __future__ import annotations
+
+import inspect
+
+from browsergym.core.action import functions as _bg_functions
+from browsergym.core.action.highlevel import HighLevelActionSet
+
+from actions import ACTIONS
+from axtree import clean, quote
+
+_ACTION_SET = HighLevelActionSet(subsets=["chat", "bid", "nav"], demo_mode="off", strict=True,
+                                 multiaction=False, retry_with_force=False)
+_ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
+# check() and uncheck() are in BrowserGym's function library but in none of its action subsets
+# (browsergym-core 0.14.3 comments them out); the grammar allows them, so they join the namespace.
+_EXTRA_ACTION_CODE = compile("\n\n".join(inspect.getsource(f) for f in (_bg_functions.check, _bg_functions.uncheck)),
+                             "<browsergym actions: check, uncheck>", "exec")
+
+
+def action_namespace(send_message) -> dict:
+    """A fresh namespace holding a function for every action of the grammar (actions.ACTIONS but
+    noop); its "page" must be set before each call. send_message(text): what send_msg_to_user does.
+    Errors: RuntimeError if an action of the grammar has no function (it would fail every episode)."""
+    ns: dict = {"page": None, "DEMO_MODE": False, "send_message_to_user": send_message,
+                "report_infeasible_instructions": lambda reason: None}
+    exec(_ACTION_CODE, ns)  # safe: BrowserGym's own action library, compiled at import
+    exec(_EXTRA_ACTION_CODE, ns)  # safe: check/uncheck from the same library
+    ns["select_option"] = lambda bid, options: select_options(ns["get_elem_by_bid"](ns["page"], bid), bid, options)
+    missing = [a for a in ACTIONS if a != "noop" and not callable(ns.get(a))]
+    if missing:
+        raise RuntimeError(f"no function for the grammar's actions {missing}")
+    return ns
+
+
+# the options of a <select>, (label, value) each, in order; for another element its tag
+_OPTIONS_JS = "el => el.tagName === 'SELECT' ? [...el.options].map(o => [o.label, o.value]) : el.tagName.toLowerCase()"
+MAX_OPTIONS_SHOWN = 20  # an error names at most this many options, then how many more there are
+
+
+def select_options(elem, bid: str, wanted) -> None:
+    """Select in the <select> `elem` (a Playwright Locator) each option `wanted` names (one text or a
+    list): the option whose label, the text the tree shows (whitespace collapsed), is that text; the
+    option whose value is that text only when no label is. Errors, each naming the element's options for
+    the agent, and selecting nothing: ValueError for an option that no label or value matches, for one
+    that several options match, for an element that is not a <select>; Playwright's own error for
+    several options in a <select> without `multiple`."""
+    options = clean(elem.evaluate(_OPTIONS_JS, timeout=500))
+    if isinstance(options, str):
+        raise ValueError(f"select_option works on a <select> (a combobox or listbox in the tree); [{bid}] is a <{options}>")
+    labels = [" ".join(label.split()) for label, _ in options]
+    more = len(labels) - MAX_OPTIONS_SHOWN
+    shown = ", ".join(quote(x) for x in labels[:MAX_OPTIONS_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    picked = []
+    for w in [wanted] if isinstance(wanted, str) else list(wanted):
+        w = str(w)
+        hits = [i for i, label in enumerate(labels) if label == " ".join(w.split())]
+        hits = hits or [i for i, (_, value) in enumerate(options) if value == w]
+        if len(hits) != 1:
+            why = f"{len(hits)} options of [{bid}] match {quote(w)}" if hits else f"[{bid}] has no option {quote(w)}"
+            raise ValueError(f"{why}; its options: {shown}")
+        picked.append(hits[0])
+    elem.select_option(index=list(dict.fromkeys(picked)), timeout=500)
