@@ -146,14 +146,13 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         t0 = time.time()
         for mb in range(0, len(batch), args.micro_batch):
             idx = batch[mb:mb + args.micro_batch]
-            ids, mask, resp_mask, L = policy.response_batch([samples[i][0] for i in idx], [samples[i][1] for i in idx],
-                                                            tok.pad_token_id)
-            with policy.autocast(device, bool(args.bf16)):
-                logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L)  # (B, L)
-            loss = -(logp * resp_mask.to(device)).sum() / n_tok  # this rank's share of the global token mean
+            with policy.autocast(device, bool(args.bf16)):  # (the common prefix of the prompts runs once)
+                logp, resp_mask, _ = policy.reply_logprobs(model, [samples[i][0] for i in idx],
+                                                           [samples[i][1] for i in idx], tok.pad_token_id)  # (B, L)
+            loss = -(logp * resp_mask).sum() / n_tok  # this rank's share of the global token mean
             loss.backward()
             loss_sum += loss.item()
-            tokens += int(mask.sum())
+            tokens += sum(len(samples[i][0]) + len(samples[i][1]) for i in idx)
         distributed.sync_gradients(model, world)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()

@@ -16,8 +16,10 @@ trajectories (mgrpo.token_weights' aggregation, or GSPO's per-trajectory mean), 
 taken over every rank (distributed.all_sums), and the ranks' gradients are summed: a rank with a
 smaller share weighs each of its trajectories the same as a rank with a larger one. Trajectories
 with a zero advantage count in the mean but are not run (without a KL term their gradient is 0).
-Micro-batches are built from whole trajectories (GSPO's sequence ratio needs all of a trajectory's
-tokens in one call; M-GRPO does not mind), so gradient accumulation adds up to the step's loss.
+Micro-batches (`batches_for`): GSPO's are whole trajectories (its sequence ratio needs all of a
+trajectory's tokens in one call); M-GRPO's put the turns with the same prompt together, so that a
+group's first turns run their prompt once (policy.reply_logprobs shares a batch's common prefix).
+Either way gradient accumulation adds up to the step's loss.
 
 Dream mode adds `nll`, (prompt ids, reply ids) samples of real expert turns, whose token-mean
 negative log-likelihood enters each step with weight `nll_coef` while the RL loss is scaled by
@@ -56,10 +58,33 @@ class UpdateConfig:
 def score(model, tok, batch: list[tuple], temperature: float, bf16: bool, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Log-probs of each sample's reply tokens. batch: [(trajectory index, prompt ids, reply ids)].
     Returns logp (B, L) float32, the reply mask (B, L) (replies right-aligned) and L."""
-    ids, mask, rm, L = policy.response_batch([p for _, p, _ in batch], [r for _, _, r in batch], tok.pad_token_id)
     with policy.autocast(device, bf16):
-        logp = policy.token_logprobs(model, ids.to(device), mask.to(device), L, temperature=temperature)
-    return logp.float(), rm.to(device), L
+        logp, rm, L = policy.reply_logprobs(model, [p for _, p, _ in batch], [r for _, _, r in batch],
+                                            tok.pad_token_id, temperature=temperature)
+    return logp.float(), rm, L
+
+
+def batches_for(loss: str, trajectories: list[int], by_traj: dict, samples: list[tuple], size: int) -> list[list[int]]:
+    """The micro-batches (sample indices) of these trajectories' turns. GSPO: whole trajectories (its
+    sequence ratio needs all of a trajectory's tokens in one call), longest first. M-GRPO (a token-level
+    loss, any grouping): the turns with the same prompt together, at most `size` a micro-batch (a
+    group's first turns: their prompt then runs once, policy.reply_logprobs), the other turns longest
+    first. The grouping changes no gradient, only the work (less padding, shared prefixes)."""
+    longest = lambda i: -max(len(samples[k][1]) + len(samples[k][2]) for k in by_traj[i])  # noqa: E731
+    if loss == "gspo":
+        return micro_batches(sorted(trajectories, key=longest), by_traj, size)
+    by_prompt: dict = {}
+    for i in trajectories:
+        for k in by_traj.get(i, []):
+            by_prompt.setdefault(tuple(samples[k][1]), []).append(k)
+    out, rest = [], []
+    for ks in by_prompt.values():
+        if len(ks) > 1:
+            out += [ks[j:j + size] for j in range(0, len(ks), size)]
+        else:
+            rest += ks
+    rest.sort(key=lambda k: -(len(samples[k][1]) + len(samples[k][2])))
+    return out + [rest[j:j + size] for j in range(0, len(rest), size)]
 
 
 def micro_batches(trajectories: list[int], by_traj: dict, size: int) -> list[list[int]]:
@@ -122,8 +147,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
     if trained and (n_updates > 1 or ref is not None):
         model.eval()
         with torch.no_grad():
-            by_length = sorted(trained, key=lambda i: -max(len(samples[k][1]) + len(samples[k][2]) for k in by_traj[i]))
-            for mb in micro_batches(by_length, by_traj, cfg.micro_batch):
+            for mb in batches_for(cfg.loss, trained, by_traj, samples, cfg.micro_batch):
                 batch = [samples[k] for k in mb]
                 for net, store in ((model, old), (ref, ref_lp)):
                     if net is None or (net is model and n_updates == 1):
@@ -162,9 +186,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 w_tok = mgrpo.token_weights(full, torch.unique(local, return_inverse=True)[1], cfg.aggregation,
                                             num_traj=n_chunk, num_tokens=tok_chunk)[:, 0]
                 w_of = dict(zip(ks, w_tok.tolist()))
-            # longest first: micro-batches of similar lengths pad less (the same sum, the same gradient)
-            by_length = sorted(run, key=lambda i: -max(len(samples[k][1]) + len(samples[k][2]) for k in by_traj[i]))
-            for mb in micro_batches(by_length, by_traj, cfg.micro_batch):
+            for mb in batches_for(cfg.loss, run, by_traj, samples, cfg.micro_batch):
                 batch = [samples[k] for k in mb]
                 logp, rm, L = score(model, tok, batch, cfg.temperature, cfg.bf16, device)  # (B, L)
                 old_lp = _right_aligned([old[k] for k in mb], logp, L) if n_updates > 1 else logp.detach()

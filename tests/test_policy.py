@@ -100,3 +100,33 @@ def test_identical_prompts_sample_independently(tok, model, prompts):
     torch.manual_seed(0)
     samples = policy.generate(model, tok, [prompts[0]] * 16, max_new_tokens=8, temperature=1.0)
     assert len({tuple(s.ids) for s in samples}) > 8
+
+
+def test_shared_prefix_scoring_equals_whole_rows_in_values_and_gradients(tok, prompts):
+    # a group's first turn (identical prompts) beside prompts that share only the system prompt
+    import compress
+
+    other = compress.build_prompt(tok, [], "Goal: pick Blue\nURL: c.html\n[9] combobox 'colour'\n[10] option 'Blue'")
+    ps = [prompts[0]] * 3 + [prompts[1], other]
+    rs = [tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+          for a in ["click('3')", "click('4')", "<think>x</think>click('3')", "fill('7', 'hello')", "click('10')"]]
+    assert policy.common_prefix_len(ps) >= policy.MIN_SHARED_PREFIX  # the system prompt, at least
+    results = {}
+    for share in (False, True):
+        model = policy.tiny_model(tok)
+        rows = []
+        hook = model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
+        lp, rm, L = policy.reply_logprobs(model, ps, rs, tok.pad_token_id, temperature=0.8, share_prefix=share)
+        hook.remove()
+        (lp * rm).sum().backward()
+        results[share] = (lp.detach(), rm, {n: p.grad.clone() for n, p in model.named_parameters()}, rows)
+    (a, ra, ga, rows_a), (b, rb, gb, rows_b) = results[False], results[True]
+    assert torch.equal(ra, rb) and torch.allclose(a * ra, b * rb, atol=1e-5)
+    assert all(torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-4) for n in ga)
+    assert len(rows_a) == 1 and len(rows_b) == 2  # the prefix once (one row), then the five rows' own parts
+    assert rows_b[0][0] == 1 and rows_b[1][1] < rows_a[0][1]
+    # the plain scorer agrees: these are the reply tokens' log-probs at temperature 0.8
+    ids, mask, rm2, L = policy.response_batch(ps, rs, tok.pad_token_id)
+    with torch.no_grad():
+        want = policy.token_logprobs(policy.tiny_model(tok), ids, mask, L, temperature=0.8)
+    assert torch.allclose(want * rm2, b * rb, atol=1e-5)
