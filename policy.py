@@ -206,7 +206,8 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
     recomputes. A reply stops at any id of `stop_ids(tokenizer)`; nothing after it is kept.
 
     share_prefill: identical prompts (the G members of a group on their first page) are prefilled
-    once: one forward pass over the distinct prompt, its KV cache then copied to each of its replies.
+    once: one forward pass over the distinct prompt, its KV cache then copied to each of its replies;
+    and the distinct prompts' common prefix (the system prompt at least) is prefilled once for all.
     The replies' distribution and log-probs are those of separate prefills (to float rounding).
     At most `batch_size` replies decode together; their distinct prompts prefill together.
     """
@@ -232,11 +233,25 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
     chunks += [cur] if cur else []
     results: dict[int, Sample] = {}
     for chunk in chunks:
-        ids, mask = left_pad([p for p, _ in chunk], pad)
+        distinct_prompts = [p for p, _ in chunk]
+        k = 0  # the chunk's common prefix (the system prompt at least) runs once, beside share_prefill's copies
+        if share_prefill and len(chunk) > 1:
+            k = min(common_prefix_len(distinct_prompts), min(len(p) for p in distinct_prompts) - 1)
+            k = k if k >= MIN_SHARED_PREFIX else 0
+        ids, mask = left_pad([p[k:] for p in distinct_prompts], pad)
         ids, mask = ids.to(device), mask.to(device)
+        extra = {}
+        if k:
+            with autocast(device, bf16):
+                pre = model(input_ids=torch.tensor([distinct_prompts[0][:k]], device=device), use_cache=True,
+                            logits_to_keep=1)
+            extra[cache_kw] = _cache_of(pre)
+            extra[cache_kw].batch_repeat_interleave(len(chunk))
+        positions = k + position_ids(mask)
+        mask = torch.cat([torch.ones((len(chunk), k), dtype=mask.dtype, device=device), mask], 1)
         with autocast(device, bf16):
-            out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
-                        logits_to_keep=1)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                        **extra)
         rows = [i for _, idx in chunk for i in idx]
         expand = torch.tensor([k for k, (_, idx) in enumerate(chunk) for _ in idx], device=device)
         cache = _cache_of(out)

@@ -73,8 +73,8 @@ def test_shared_prefill_gives_the_same_replies_and_logprobs_as_separate_prefills
             torch.manual_seed(7)
             rows.clear()
             shared = policy.generate(model, tok, ps, max_new_tokens=10, temperature=temperature, share_prefill=True)
-            assert rows[0] == 3  # one prefill row per distinct prompt, then 8 decoding rows
-            assert all(r == len(ps) for r in rows[1:])
+            # the common prefix once, then one row per distinct prompt, then 8 decoding rows
+            assert rows[:2] == [1, 3] and all(r == len(ps) for r in rows[2:])
             torch.manual_seed(7)
             rows.clear()
             alone = policy.generate(model, tok, ps, max_new_tokens=10, temperature=temperature, share_prefill=False)
