@@ -1,0 +1,117 @@
+"""Signal in every batch: the curriculum's weights and dynamic sampling, with fake pages and rewards."""
+import random
+from types import SimpleNamespace
+
+import pytest
+
+import curriculum
+import train
+from rollout import EnvPool
+
+
+def traj(task, seed, reward, env_error=False):
+    return {"task": task, "seed": seed, "reward": reward, "success": reward == 1.0, "env_error": env_error,
+            "turns": [], "steps": 1}
+
+
+def test_split_by_signal_by_hand():
+    ts = [traj("a", 0, 1.0), traj("a", 0, 0.0),                       # signal
+          traj("a", 1, 1.0), traj("a", 1, 1.0),                       # all equal
+          traj("b", 2, 1.0), traj("b", 2, 0.0, env_error=True),       # one valid member: no signal
+          traj("b", 3, 0.0), traj("b", 3, 0.0)]                       # all equal
+    keep, drop = curriculum.split_by_signal(ts, 2)
+    assert [g[0]["seed"] for g in keep] == [0] and [g[0]["seed"] for g in drop] == [1, 2, 3]
+
+
+def test_weights_follow_each_tasks_share_of_groups_with_signal():
+    cur = curriculum.Curriculum(["a", "b", "c"], group_size=2, decay=1.0, min_weight=0.05)
+    assert cur.weight("a") == cur.weight("b") == 0.5  # the prior
+    # task a: 3 groups, all with signal; b: 3 groups, none; c: not drawn
+    cur.update([traj("a", s, r) for s in range(3) for r in (1.0, 0.0)] + [traj("b", s, 1.0) for s in range(6)])
+    cur.merge(1)
+    assert cur.weight("a") == pytest.approx(4 / 5) and cur.weight("b") == pytest.approx(1 / 5)
+    assert cur.weight("c") == 0.5 and cur.rate("b") == pytest.approx(7 / 8)  # b always succeeds: p high, no signal
+    draws = [t for t, _ in cur.draw(3000, random.Random(0))]
+    assert draws.count("a") > draws.count("c") > draws.count("b")
+    state = cur.state()
+    again = curriculum.Curriculum(["a", "b", "c"], group_size=2)
+    again.load(state)
+    assert again.weight("a") == cur.weight("a") and again.rate("b") == cur.rate("b")
+
+
+class MixedPage:
+    """One step; reward 1 for click('1'). Seeds divisible by 3 are 'mixed' pages (the replies there vary)."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def reset(self, seed, task=None):
+        self.seed = seed
+        return SimpleNamespace(text=f"Goal: click one\nURL: fake.html\n[1] button 'one' {seed % 3 == 0}", goal="x",
+                               env_error=False)
+
+    def step(self, text):
+        ok = "click('1')" in text
+        info = {"action": text, "error": "", "success": ok, "env_error": False}
+        return SimpleNamespace(text="", goal="x", env_error=False), float(ok), True, info
+
+    def close(self):
+        pass
+
+
+class MixedReplies:
+    """A generator: on a mixed page it alternates right and wrong, elsewhere it is always wrong."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def generate(self, prompts, **kw):
+        import policy
+
+        out = []
+        for p in prompts:
+            mixed = "True" in self.tok.decode(p)
+            self.calls += 1
+            text = "click('1')" if mixed and self.calls % 2 else "click('2')"
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text))
+        return out
+
+    def push_weights(self, model):
+        pass
+
+
+@pytest.mark.parametrize("cap", [3.0, 0.0])
+def test_dynamic_sampling_fills_the_batch_with_groups_that_have_signal(tok, cap):
+    args = train.parse_args(["--mode", "real", "--tasks", "click-button", "--groups-per-iter", "4", "--group-size", "2",
+                             "--dynamic-sampling", str(cap), "--max-new-tokens", "8"])
+    cur = curriculum.Curriculum(args.tasks, args.group_size)
+    pool = EnvPool(MixedPage, tok, num_envs=4)
+    try:
+        kept, rolled, counts = train.collect(args, cur, MixedReplies(tok), tok, pool, 0, 0, 1)
+    finally:
+        pool.close()
+    groups = [kept[k:k + 2] for k in range(0, len(kept), 2)]
+    mixed = lambda g: g[0]["seed"] % 3 == 0  # noqa: E731
+    if cap:  # only groups with signal are trained on, as many as asked, and the draws are counted
+        assert len(groups) == 4 and all({t["reward"] for t in g} == {0.0, 1.0} for g in groups)
+        assert counts["groups_kept"] >= 4 and counts["groups_drawn"] == len(rolled) // 2 <= 12
+        assert counts["groups_drawn"] > 4  # (a third of the pages are mixed: more groups were drawn)
+    else:  # off: the groups as drawn, signal or not
+        assert len(groups) == 4 and counts["groups_drawn"] == 4 and len(rolled) == 8
+    assert all(mixed(g) == ({t["reward"] for t in g} == {0.0, 1.0}) for g in groups)
+
+
+def test_dynamic_sampling_stops_at_its_cap(tok):
+    args = train.parse_args(["--mode", "real", "--tasks", "click-button", "--groups-per-iter", "2", "--group-size", "2",
+                             "--dynamic-sampling", "2", "--max-new-tokens", "8"])
+
+    class Wrong(MixedReplies):
+        def generate(self, prompts, **kw):
+            return super().generate([self.tok.encode("nothing mixed here")] * len(prompts))
+    pool = EnvPool(MixedPage, tok, num_envs=2)
+    try:
+        kept, rolled, counts = train.collect(args, curriculum.Curriculum(args.tasks, 2), Wrong(tok), tok, pool, 0, 0, 1)
+    finally:
+        pool.close()
+    assert kept == [] and counts["groups_drawn"] == 4 and counts["groups_kept"] == 0  # 2 x 2 groups, then it stops
