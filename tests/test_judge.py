@@ -88,7 +88,7 @@ def test_the_judge_scores_compare_the_two_answer_tokens(tok):
     yes, no = judge.answer_ids(tok)
     assert tok.decode([yes]) == "yes" and tok.decode([no]) == "no"
     prompts = [judge.judge_prompt(tok, *judge.trajectory_view(dream_record()))] * 3
-    # (forced_model forces its text one token a forward call: each check is one batch, one call)
+    # (forced_model forces its first token at each prefill: each check is one batch, one prefill)
     assert judge.judge_scores(forced_model(tok, "yes"), tok, prompts) == pytest.approx([1.0] * 3)
     assert judge.judge_scores(forced_model(tok, "no"), tok, prompts) == pytest.approx([0.0] * 3, abs=1e-6)
     assert judge.judge_scores(forced_model(tok, "maybe"), tok, prompts) == pytest.approx([0.5] * 3)  # neither answer

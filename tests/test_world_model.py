@@ -301,18 +301,26 @@ def tok():
 
 
 def forced_model(tok, text):
-    """A tiny model whose greedy reply is exactly `text` + <|im_end|> (a logits hook, one token a call)."""
+    """A tiny model whose greedy reply is exactly `text` + <|im_end|> (a logits hook).
+
+    A forward call over more than one input token is a prefill (a shared prefix's or the prompts'): it
+    forces the reply's first token; each one-token call after it (a decode step) forces the next one.
+    """
     m = policy.tiny_model(tok, seed=1)
     target = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
-    calls = [0]
+    steps = [0]
+
+    def count(mod, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        steps[0] = 0 if ids.shape[1] > 1 else steps[0] + 1
 
     def hook(mod, inp, out):
         out = out.clone()
         out[:, -1, :] = -1e4
-        out[:, -1, target[calls[0] % len(target)]] = 1e4
-        calls[0] += 1
+        out[:, -1, target[steps[0] % len(target)]] = 1e4
         return out
 
+    m.register_forward_pre_hook(count, with_kwargs=True)
     m.lm_head.register_forward_hook(hook)
     return m
 
