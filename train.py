@@ -66,7 +66,7 @@ from runlog import Logger
 # Flags that a resumed run may change (how long, how often, on what machinery); the others define the run.
 # (--epochs: a BC or WM run continued for more passes; its linear decay is then over the new length.)
 RESUMABLE = ("iterations", "epochs", "save_every", "keep_ckpts", "report_every", "eval_every", "eval_seeds", "num_envs",
-             "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory")
+             "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory", "log_kl")
 
 
 def _given(p: argparse.ArgumentParser, argv) -> set[str]:
@@ -180,14 +180,17 @@ def parse_args(argv=None):
     g.add_argument("--clip-low", type=float, default=None, help="ratio clip below 1 (default 0.2 mgrpo, 3e-4 gspo)")
     g.add_argument("--clip-high", type=float, default=None, help="ratio clip above 1 (default 0.2 mgrpo, 4e-4 gspo)")
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial model (0: no reference model)")
+    g.add_argument("--log-kl", action="store_true",
+                   help="log loss/kl, the k3 KL of the trained tokens to the start checkpoint, without a penalty (a "
+                        "collapse guard; loads the reference model: one more forward pass per update)")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
     g.add_argument("--aggregation", choices=["trajectory", "turn", "token"], default="trajectory",
                    help="M-GRPO token weights (mgrpo.py): each trajectory the same, each turn the same (WebAgent-R1 "
                         "as written), or each token the same")
     g.add_argument("--curriculum", choices=["signal", "uniform"], default="signal",
-                   help="which tasks the groups come from: weighted by the chance that a group has signal, from "
-                        "running success rates (curriculum.py), or cycling through the tasks")
+                   help="which tasks the groups come from: weighted by the running share of their groups that had "
+                        "signal (curriculum.py), or cycling through the tasks")
     g.add_argument("--dynamic-sampling", type=float, default=3.0, metavar="CAP",
                    help="keep drawing groups until --groups-per-iter of them have signal (rewards not all equal), "
                         "drawing at most CAP times that many; groups without signal are not trained on (0: off, "
@@ -469,7 +472,7 @@ def main(argv=None):
                                         gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
                                         max_model_len=args.max_prompt_tokens + args.max_new_tokens)
         ref = None
-        if args.kl_coef > 0:  # the reference is the run's start: --init (or the base model), never sharded
+        if args.kl_coef > 0 or args.log_kl:  # the reference is the run's start: --init (or the base model), never sharded
             ref, _ = build_model(args, device, fsdp=False)
             ref.eval().requires_grad_(False)
         if args.mode == "dream":
