@@ -57,20 +57,9 @@ ACTIONS: dict[str, tuple[str, ...]] = {
 # their names and parameters): MiniWoB's, then navigation, tabs, the keyboard without an element, and
 # giving up. parse_action(text, WEB_ACTIONS) accepts them; MiniWoB's grammar (ACTIONS, the default) does not.
 WEB_ACTIONS: dict[str, tuple[str, ...]] = {
-    **ACTIONS,
-    "goto": ("url",),
-    "go_back": (),
-    "go_forward": (),
-    "new_tab": (),
-    "tab_focus": ("index",),
-    "tab_close": (),
-    "keyboard_press": ("key",),
-    "keyboard_down": ("key",),
-    "keyboard_up": ("key",),
-    "keyboard_type": ("text",),
-    "keyboard_insert_text": ("text",),
-    "report_infeasible": ("reason",),
-}
+    **ACTIONS, "goto": ("url",), "go_back": (), "go_forward": (), "new_tab": (), "tab_focus": ("index",),
+    "tab_close": (), "keyboard_press": ("key",), "keyboard_down": ("key",), "keyboard_up": ("key",),
+    "keyboard_type": ("text",), "keyboard_insert_text": ("text",), "report_infeasible": ("reason",)}
 ACTION_SETS = {"miniwob": ACTIONS, "web": WEB_ACTIONS}  # a benchmark's grammar by name (env.py)
 _ALIASES = {"text": "value", "option": "options", "key": "key_comb", "dx": "delta_x", "dy": "delta_y",
             "message": "text", "msg": "text", "tab": "index", "tab_index": "index", "href": "url", "link": "url"}

@@ -1,7 +1,7 @@
 """The Chromium session under each WebEnv: one headless Chromium kept across episodes, sandboxed,
 driven through BrowserGym (browsergym-core 0.14.3) and Playwright's sync API.
 
-    from browser import PersistentBrowserEnv, url_allowed, short_error
+    from browser import PersistentBrowserEnv
     bg = PersistentBrowserEnv(TASKS["click-button"], headless=True, timeout_ms=5000,
                               pre_observation_delay=0.0, marker="1234-0")
     bg_obs, info = bg.reset(seed=0)              # launches Chromium on first use; a new page per episode
@@ -37,13 +37,12 @@ into env_error. What this file changes in BrowserGym:
   see); MiniWoB's popups are closed after each action;
 - a page that navigates or reloads under the observation is observed again; a reloaded task page
   ends the episode; a page with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge;
-- `short_error`: a Playwright error as one line an agent can read.
+- a Playwright error reaches the agent as one line (page_errors.short_error).
 """
 from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -68,6 +67,7 @@ from browsergym.core.observation import (  # noqa: E402
 from actions import split_action  # noqa: E402
 from axtree import clean, clean_text, quote  # noqa: E402
 from page_actions import action_namespace  # noqa: E402
+from page_errors import is_fatal, is_navigation_race, short_error, shorten  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -146,20 +146,6 @@ class PageTooLarge(RuntimeError):
     would cost the renderer and Python seconds and hundreds of MB). WebEnv turns it into env_error."""
 
 
-# Errors from validating/observing a page whose document was replaced under the call (a navigation or
-# reload that the action started): the call is redone on the new document.
-_NAVIGATION_RACE = ("Execution context was destroyed", "Cannot find context with specified id",
-                    "is not defined", "detached", "not found", "without a bid", "Cannot read properties of",
-                    "navigat")
-
-
-def _is_navigation_race(e: Exception) -> bool:
-    if isinstance(e, MarkingError):
-        return True
-    return (isinstance(e, playwright.sync_api.Error) and not _is_fatal(e)
-            and any(s in str(e) for s in _NAVIGATION_RACE))
-
-
 class PersistentBrowserEnv(BrowserEnv):
     """BrowserGym's BrowserEnv with one Chromium kept across resets.
 
@@ -209,7 +195,7 @@ class PersistentBrowserEnv(BrowserEnv):
         else:
             self.blocked.append(url)
             if self.web and _main_frame_navigation(route.request):  # a page or tab the agent would have seen
-                self.events.append(f"Blocked: {quote(_shorten(clean_text(url)))} is not one of the task's sites; "
+                self.events.append(f"Blocked: {quote(shorten(clean_text(url)))} is not one of the task's sites; "
                                    f"it was not loaded.")
             route.abort("blockedbyclient")
 
@@ -331,7 +317,7 @@ class PersistentBrowserEnv(BrowserEnv):
             if name == "noop":
                 pass  # BrowserGym's noop sleeps 1 s; MiniWoB pages have nothing to wait for
             elif name == "goto" and self.web and not web_url_allowed(args[0], self.hosts):
-                self.last_action_error = (f"{quote(_shorten(args[0]))} is not one of the task's sites "
+                self.last_action_error = (f"{quote(shorten(args[0]))} is not one of the task's sites "
                                           f"({', '.join(sorted(self.hosts))}); nothing was loaded")
             elif name == "tab_focus" and not args[0] < len(self.context.pages):
                 self.last_action_error = f"there is no tab {args[0]}: the tabs are 0 to {len(self.context.pages) - 1}"
@@ -340,7 +326,7 @@ class PersistentBrowserEnv(BrowserEnv):
                 try:
                     self.ns[name](*args)
                 except playwright.sync_api.Error as e:
-                    if _is_fatal(e):
+                    if is_fatal(e):
                         raise
                     self.last_action_error = short_error(e)
                 except (ValueError, TypeError) as e:  # e.g. "Could not find element with bid"
@@ -366,7 +352,7 @@ class PersistentBrowserEnv(BrowserEnv):
                     self._close_popups()  # a tab this action opened goes now, and the observation says so
                 return clean(dict(obs, events=self._take_events())), reward, terminated, truncated, clean(info)
             except Exception as e:
-                if attempt == 3 or self.crashed or not _is_navigation_race(e):
+                if attempt == 3 or self.crashed or not is_navigation_race(e):
                     raise
                 logger.info("the page changed while it was observed (%s); observing again", short_error(e, 80))
                 time.sleep(0.05 * 2 ** attempt)
@@ -409,7 +395,7 @@ class PersistentBrowserEnv(BrowserEnv):
                 pass
             self._follow(p)
             url = clean_text(p.url)
-            self.events.append(f"Tab: the page opened a new tab{f' ({quote(_shorten(url))})' if url != 'about:blank' else ''}; "
+            self.events.append(f"Tab: the page opened a new tab{f' ({quote(shorten(url))})' if url != 'about:blank' else ''}; "
                                f"it is now the active tab.")
 
     def _on_dialog(self, dialog) -> None:
@@ -424,8 +410,8 @@ class PersistentBrowserEnv(BrowserEnv):
                 dialog.accept()
         except playwright.sync_api.Error:  # the page or the dialog is already gone
             pass
-        said = f" {quote(_shorten(message))}" if message else ""
-        how = f"accepted with its default text {quote(_shorten(default))}" if kind == "prompt" else "accepted (OK)"
+        said = f" {quote(shorten(message))}" if message else ""
+        how = f"accepted with its default text {quote(shorten(default))}" if kind == "prompt" else "accepted (OK)"
         self.events.append(f"Dialog: the page showed {'an' if kind[0] in 'aeiou' else 'a'} {kind}{said}; it was {how}.")
 
     def _close_popups(self) -> None:
@@ -494,8 +480,8 @@ class PersistentBrowserEnv(BrowserEnv):
                 title = p.title()
             except playwright.sync_api.Error:  # closing, or navigating
                 title = ""
-            lines.append(f"Tab {i}{' (active)' if p == active else ''}: {quote(_shorten(clean_text(title), 80))} "
-                         f"{_shorten(clean_text(p.url))}")
+            lines.append(f"Tab {i}{' (active)' if p == active else ''}: {quote(shorten(clean_text(title), 80))} "
+                         f"{shorten(clean_text(p.url))}")
         return lines
 
     def close(self):
@@ -525,28 +511,3 @@ def _remove_config_file(task) -> None:
             os.unlink(path)
         except OSError:
             pass
-
-
-def _is_fatal(e: Exception) -> bool:
-    """Playwright errors that mean the browser, context or page is gone (vs. a bad action)."""
-    s = str(e)
-    return any(k in s for k in ("Target page, context or browser has been closed", "Browser has been closed",
-                                "Connection closed", "Target closed", "crashed"))
-
-
-def short_error(e: Exception, limit: int = 200) -> str:
-    """An error as the agent sees it: "Type: message", its first line only (at most `limit` characters),
-    without Playwright's call log (it costs tokens and helps nobody) except the one fact an agent can
-    use: which element covers the target, appended as " (element [12] 'OK' is on top of it)"."""
-    full = clean_text(f"{type(e).__name__}: {e}")
-    s = full.split("\nCall log:")[0].strip()
-    s = s.splitlines()[0] if s else s
-    s = s if len(s) <= limit else s[: limit - 3] + "..."
-    m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
-    if m:
-        s += f" (element [{m.group(1)}] {quote(m.group(2).strip())} is on top of it)"
-    return s
-
-
-def _shorten(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -59,7 +59,8 @@ import llm_judge
 import webarena_lite
 from actions import ACTION_SETS, ActionParseError, parse_action, split_action
 from axtree import flatten_axtree
-from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv, short_error
+from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv
+from page_errors import short_error
 
 from browsergym.miniwob import ALL_MINIWOB_TASKS  # (after browser, which sets MINIWOB_URL for it)
 

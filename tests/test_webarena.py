@@ -344,3 +344,49 @@ def test_eval_runs_past_configuration_once_the_sites_are_set(tmp_path):
     assert "Skipped: 1 task(s) graded by an LLM judge" in (out / "results.md").read_text()
     traj = json.loads((out / "trajectories.jsonl").read_text().splitlines()[0])
     assert "ERR_CONNECTION_REFUSED" in traj["error"] or "connect" in traj["error"].lower(), traj["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the run scripts: prompts, rollouts and flags on WebArena
+
+
+def test_evaluate_rolls_out_with_the_web_prompt(site, tok):
+    import compress
+    import eval as webeval
+    from scripted_train import ScriptedReplies
+
+    seen = []
+
+    class Agent(ScriptedReplies):  # answers from the page, as a policy would
+        def reply(self, prompt):
+            text = tok.decode(prompt)
+            seen.append(text)
+            if "Leather bag" in text and "$19.99" in text:
+                return "<think>the price is on the page</think>send_msg_to_user('$19.99')"
+            return "goto('http://elsewhere.example/')"
+
+    settings = compress.PromptSettings(benchmark="webarena-lite", max_tokens=2048, think=True)
+    summary, trajs = webeval.evaluate(Agent(tok), tok, ["webarenalite.test-price", "webarenalite.test-search"], [0],
+                                      max_steps=2, num_envs=2, prompt=settings, progress=False)
+    assert summary["tasks"]["webarenalite.test-price"]["success"] == 1.0
+    assert summary["tasks"]["webarenalite.test-search"]["success"] == 0.0
+    assert all(compress.WEB_SYSTEM_PROMPT in t and "goto('url')" in t for t in seen)
+    search = next(t for t in trajs if t["task"] == "webarenalite.test-search")
+    assert "is not one of the task's sites" in search["turns"][1]["observation"] and search["steps"] == 2
+
+
+def test_train_flags_select_the_webarena_split(site, monkeypatch, capsys):
+    import train
+
+    monkeypatch.delenv(llm_judge.URL_VAR, raising=False)
+    args = train.parse_args(["--mode", "real", "--benchmark", "webarena-lite", "--out", "/tmp/webdream-wa-flags"])
+    assert len(args.tasks) == 647 - 86 and all(t.startswith("webarena.") for t in args.tasks)
+    assert len(args.eval_tasks) == 125 and args.step_timeout == benchmarks.POOL_STEP_TIMEOUT_S["webarena-lite"]
+    assert (args.max_steps, args.max_prompt_tokens, args.max_new_tokens) == (15, 8192, 256)
+    assert args.prompt.benchmark == "webarena-lite" and "Skipped: 86" in capsys.readouterr().err
+    miniwob = train.parse_args(["--mode", "real", "--out", "/tmp/webdream-wa-flags"])
+    assert miniwob.tasks == env.SUITE and miniwob.eval_tasks == env.SUITE and miniwob.step_timeout == 60.0
+    assert (miniwob.max_steps, miniwob.max_prompt_tokens, miniwob.prompt.benchmark) == (6, 1024, "miniwob")
+    for argv in (["--mode", "dream"], ["--mode", "real", "--tasks", "click-button"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(argv + ["--benchmark", "webarena-lite", "--out", "/tmp/webdream-wa-flags"])
