@@ -8,7 +8,7 @@
     python train.py --mode judge --transitions runs/transitions.jsonl --out runs/judge   # the dreams' judge
     python train.py --mode dream --init runs/bc/final --real-ratio 0.4           # GSPO in dreams (DynaWeb)
     torchrun --nproc_per_node 8 train.py --mode real --benchmark webarena-lite --init CKPT --generator vllm \
-        --judge-url http://127.0.0.1:8000/v1          # M-GRPO on hosted WebArena (README: WebArena-Lite)
+        --judge-url http://127.0.0.1:8000/v1          # M-GRPO on hosted WebArena (docs/webarena.md)
 
 --mode bc:   supervised fine-tuning on expert trajectories, loss on action tokens only
              (WebAgent-R1's behaviour-cloning warm-up, Sec. 3.1).

@@ -85,7 +85,7 @@ def site_urls(environ=None) -> dict[str, str]:
             f"e.g. export WA_SHOPPING=http://gpu-node:7770 "
             f"WA_SHOPPING_ADMIN=http://gpu-node:7780/admin WA_REDDIT=http://gpu-node:9999 "
             f"WA_GITLAB=http://gpu-node:8023 WA_WIKIPEDIA=http://gpu-node:8888/... WA_MAP=http://gpu-node:3000 "
-            f"WA_HOMEPAGE=http://gpu-node:4399 (README: WebArena-Lite)")
+            f"WA_HOMEPAGE=http://gpu-node:4399 (docs/webarena.md)")
     return {v: environ[v].strip().rstrip("/") for v in SITE_VARS}
 
 
