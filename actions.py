@@ -53,8 +53,17 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "send_msg_to_user": ("text",),
     "noop": (),
 }
+# The general web's actions (WebArena-Lite; BrowserGym's "nav", "tab", keyboard and "infeas" functions, with
+# their names and parameters): MiniWoB's, then navigation, tabs, the keyboard without an element, and
+# giving up. parse_action(text, WEB_ACTIONS) accepts them; MiniWoB's grammar (ACTIONS, the default) does not.
+WEB_ACTIONS: dict[str, tuple[str, ...]] = {
+    **ACTIONS, "goto": ("url",), "go_back": (), "go_forward": (), "new_tab": (), "tab_focus": ("index",),
+    "tab_close": (), "keyboard_press": ("key",), "keyboard_down": ("key",), "keyboard_up": ("key",),
+    "keyboard_type": ("text",), "keyboard_insert_text": ("text",), "report_infeasible": ("reason",)}
+ACTION_SETS = {"miniwob": ACTIONS, "web": WEB_ACTIONS}  # a benchmark's grammar by name (env.py)
 _ALIASES = {"text": "value", "option": "options", "key": "key_comb", "dx": "delta_x", "dy": "delta_y",
-            "message": "text", "msg": "text"}
+            "message": "text", "msg": "text", "tab": "index", "tab_index": "index", "href": "url", "link": "url"}
+_MAX_TAB = 1000            # tab_focus() index bound
 _BID_RE = re.compile(BID)  # a bid as the tree writes it: "13", "a12"
 # `name(` or `obj.name(`; no space around the dot: "...the OK button. click('15')" is prose then a call
 _CALL_START = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\(")
@@ -218,9 +227,10 @@ class _Candidate:
     error: ActionParseError | None = None
 
 
-def _scan(text: str) -> list[_Candidate]:
+def _scan(text: str, actions: dict) -> list[_Candidate]:
     """Every `name(` in the text, left to right, except those inside a call that parses (the
-    text of an argument is not searched). ast.parse only parses: nothing is evaluated."""
+    text of an argument is not searched). ast.parse only parses: nothing is evaluated. `actions`:
+    the grammar's whitelist (only a broken call of one of them is kept as an error)."""
     cache: dict = {}
     out, last_end = [], 0
     for m in _CALL_START.finditer(text):
@@ -230,7 +240,7 @@ def _scan(text: str) -> list[_Candidate]:
         head = m.group()[:-1]
         hit = _match_paren(text, m.end() - 1, cache)
         if hit is None:
-            if head in ACTIONS:  # only a broken whitelisted call can be the answer (an error)
+            if head in actions:  # only a broken whitelisted call can be the answer (an error)
                 out.append(_Candidate(s, len(text), head, error=ActionParseError(
                     f"the action {_snippet(text[s:s + 80])} is not closed: close its quotes and end it with ')'; "
                     f"{_EXAMPLE}", "unclosed")))
@@ -249,7 +259,7 @@ def _scan(text: str) -> list[_Candidate]:
                     last_end = close + 1
                     continue
                 why = "not a call"
-        if head in ACTIONS:
+        if head in actions:
             out.append(_Candidate(s, close + 1, head, error=ActionParseError(
                 f"could not parse {_snippet(text[s:min(close + 1, s + 80)])}: {why}; {_EXAMPLE}", "syntax")))
     return out
@@ -304,11 +314,13 @@ def _number_text(node: ast.AST, src: str) -> str:
     return ast.get_source_segment(src, node)
 
 
-def parse_action(text: str) -> str:
+def parse_action(text: str, actions: dict = ACTIONS) -> str:
     """Parse the model's raw text into one canonical action string.
 
-    Grammar: one call of a whitelisted function (see ACTIONS) with literal arguments, e.g.
-    `click('13')`, `fill('14', 'Myron')`, `select_option('9', ['a', 'b'])`, `scroll(0, 300)`.
+    Grammar: one call of a whitelisted function (`actions`: ACTIONS, MiniWoB's, by default;
+    WEB_ACTIONS for general sites) with literal arguments, e.g. `click('13')`, `fill('14', 'Myron')`,
+    `select_option('9', ['a', 'b'])`, `scroll(0, 300)`, and on the web `goto('http://...')`,
+    `tab_focus(1)`, `keyboard_press('Control+a')`.
     The text is parsed with `ast` (mode 'eval') and never executed.
 
     - Around the call: prose, ``` fences, and a <think>...</think> block are ignored: calls
@@ -335,7 +347,7 @@ def parse_action(text: str) -> str:
     if len(text) > MAX_REPLY_CHARS:
         raise ActionParseError(f"reply too long ({len(text)} characters, at most {MAX_REPLY_CHARS}); "
                                f"{_EXAMPLE}", "too_long")
-    found = _scan(text)
+    found = _scan(text, actions)
     calls = [c for c in found if c.node is not None]
     in_call = bytearray(len(text))
     for c in calls:
@@ -369,7 +381,7 @@ def parse_action(text: str) -> str:
                 comment[m.end() - 1:e] = b"\x01" * (e - m.end() + 1)
     ok = [c for c in live if c.node is not None]
     after = ok[-1].end if ok else lo
-    broken = [c for c in live if c.node is None and c.head in ACTIONS and c.start >= after]
+    broken = [c for c in live if c.node is None and c.head in actions and c.start >= after]
     if broken:
         raise broken[-1].error
     if not ok:
@@ -378,19 +390,19 @@ def parse_action(text: str) -> str:
                                    f"{_EXAMPLE}", "unclosed_think")
         where = " after </think>" if ends else ""
         raise ActionParseError(f"no action found{where}; {_EXAMPLE}", "no_action")
-    return _check_call(ok[-1].node, ok[-1].src)
+    return _check_call(ok[-1].node, ok[-1].src, actions)
 
 
-def _check_call(call: ast.Call, src: str) -> str:
+def _check_call(call: ast.Call, src: str, actions: dict) -> str:
     """The canonical string of one parsed call, or ActionParseError."""
     if not isinstance(call.func, ast.Name):
         raise ActionParseError(
             f"only plain action calls are allowed, not {_snippet(ast.unparse(call.func))}; {_EXAMPLE}",
             "not_plain")
     name = call.func.id
-    if name not in ACTIONS:
-        raise ActionParseError(f"unknown action {name!r}; allowed: {', '.join(ACTIONS)}", "unknown_action")
-    params = ACTIONS[name]
+    if name not in actions:
+        raise ActionParseError(f"unknown action {name!r}; allowed: {', '.join(actions)}", "unknown_action")
+    params = actions[name]
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         raise ActionParseError(f"*args/**kwargs are not allowed in {name}(); {_EXAMPLE}", "star_args")
     if len(call.args) > len(params):
@@ -398,7 +410,7 @@ def _check_call(call: ast.Call, src: str) -> str:
                                f"got {len(call.args)}", "too_many_args")
     nodes = dict(zip(params, call.args))
     for kw in call.keywords:
-        key = _ALIASES.get(kw.arg, kw.arg)
+        key = kw.arg if kw.arg in params else _ALIASES.get(kw.arg, kw.arg)
         if key not in params or key in nodes:
             raise ActionParseError(f"{name}() got an unexpected or repeated argument {kw.arg!r}", "bad_keyword")
         nodes[key] = kw.value
@@ -421,6 +433,12 @@ def _check_call(call: ast.Call, src: str) -> str:
             if not isinstance(v, (int, float)) or not abs(v) <= _MAX_SCROLL:
                 raise ActionParseError(f"scroll() takes two numbers of pixels such as scroll(0, 300), "
                                        f"got {_snippet(str(v))}", "bad_number")
+        elif p == "index":
+            if isinstance(v, str) and v.strip().isdigit():
+                v = int(v.strip())
+            if type(v) is not int or not 0 <= v < _MAX_TAB:
+                raise ActionParseError(f"tab_focus() takes a tab's index from the Tabs list such as tab_focus(0), "
+                                       f"got {_snippet(str(v))}", "bad_number")
         elif p == "options":
             if isinstance(v, list):
                 if not v or not all(isinstance(o, (str, int, float)) for o in v):
@@ -434,14 +452,18 @@ def _check_call(call: ast.Call, src: str) -> str:
                 raise ActionParseError(f"{name}() argument {p} must be a string, got a list", "bad_text")
             if isinstance(v, (int, float)):
                 v = _number_text(node, src)
-            if p == "key_comb":
-                v = canonical_keys(v)
+            if p in ("key_comb", "key"):
+                v = canonical_keys(v, name)
+            elif p == "url" and not v.strip():
+                raise ActionParseError("goto() takes a URL such as goto('http://shop.example/'), got an empty one",
+                                       "bad_text")
         out.append(v)
     return canonical(name, out)
 
 
-def canonical_keys(key_comb: str) -> str:
-    """A press() key combination as Playwright takes it: keys joined by '+' (split as Playwright splits
+def canonical_keys(key_comb: str, action: str = "press") -> str:
+    """A press() (or keyboard_press(), ...: `action`, for the message) key combination as Playwright takes
+    it: keys joined by '+' (split as Playwright splits
     them: 'Control++' is Control then '+'), each a key name ('Enter', 'ArrowLeft', 'KeyA', 'F5',
     'Shift', 'ControlOrMeta'; any case, or 'ctrl', 'esc', 'return', 'del', 'cmd') or one printable ASCII
     character. ' ' is 'Space', a newline 'Enter'. canonical_keys(' ') -> 'Space', 'control+a' -> 'Control+a'.
@@ -459,7 +481,7 @@ def canonical_keys(key_comb: str) -> str:
         name = _KEY_CHAR_NAMES.get(k) or (k if k in _KEY_CHARS else _KEY_ALIASES.get(k.strip().lower()))
         if name is None:
             what = "an empty key" if not k.strip() else f"unknown key {_snippet(k)}"
-            raise ActionParseError(f"press() got {what} in {_snippet(key_comb)}: use a key name such as 'Enter', "
+            raise ActionParseError(f"{action}() got {what} in {_snippet(key_comb)}: use a key name such as 'Enter', "
                                    f"'Space', 'Tab', 'ArrowDown', 'Backspace', one character such as 'a', or a "
                                    f"combination such as 'Control+a'", "bad_key")
         out.append(name)
@@ -469,7 +491,11 @@ def canonical_keys(key_comb: str) -> str:
 def _signature_example(name: str) -> str:
     return {"fill": "fill('14', 'text')", "select_option": "select_option('9', 'Blue')",
             "press": "press('14', 'Enter')", "scroll": "scroll(0, 300)",
-            "send_msg_to_user": "send_msg_to_user('42')"}.get(name, f"{name}('12')")
+            "send_msg_to_user": "send_msg_to_user('42')", "goto": "goto('http://shop.example/')",
+            "tab_focus": "tab_focus(0)", "keyboard_press": "keyboard_press('Enter')",
+            "keyboard_down": "keyboard_down('Shift')", "keyboard_up": "keyboard_up('Shift')",
+            "keyboard_type": "keyboard_type('text')", "keyboard_insert_text": "keyboard_insert_text('text')",
+            "report_infeasible": "report_infeasible('why')"}.get(name, f"{name}('12')")
 
 
 def split_action(action: str) -> tuple[str, list]:

@@ -1,12 +1,14 @@
 """The Chromium session under each WebEnv: one headless Chromium kept across episodes, sandboxed,
 driven through BrowserGym (browsergym-core 0.14.3) and Playwright's sync API.
 
-    from browser import PersistentBrowserEnv, url_allowed, short_error
+    from browser import PersistentBrowserEnv
     bg = PersistentBrowserEnv(TASKS["click-button"], headless=True, timeout_ms=5000,
                               pre_observation_delay=0.0, marker="1234-0")
     bg_obs, info = bg.reset(seed=0)              # launches Chromium on first use; a new page per episode
     bg_obs, reward, terminated, truncated, info = bg.act("click('13')")   # a canonical action (actions.py)
     bg.close()
+    web = PersistentBrowserEnv(webarena_lite.entrypoint("webarenalite.4"), True, 10_000, 0.0, "1234-1",
+                               hosts=webarena_lite.allowed_hosts())   # a general site's policy
 
 env.WebEnv is the user's interface: it bounds every call here in time (watchdog.py) and turns faults
 into env_error. What this file changes in BrowserGym:
@@ -22,30 +24,35 @@ into env_error. What this file changes in BrowserGym:
   default text (Playwright would dismiss them silently), and a tab the page opens (window.open, a
   target=_blank link) is closed after the action and never observed: the task page stays the
   observed page. Each is told in the next observation (`events`, env.Obs.events);
+- general sites (`hosts` given: WebArena) keep BrowserGym's tabs instead: a tab the page opens becomes
+  the observed tab (the next observation says so and lists the open tabs, `tabs`), the tab actions
+  (new_tab, tab_focus, tab_close) move the observed tab, each episode gets a fresh context (the task
+  logs in), and the task's evaluators run only when asked (act(validate=True): env.py asks when the
+  episode ends);
 - text read from the page (goal, URL, tree, errors, dialog messages) is made valid Unicode where it
   enters (axtree.clean: a lone surrogate becomes U+FFFD);
-- the network sandbox: every request is routed and only the MiniWoB html folder loads (`url_allowed`);
-  no host name resolves and WebRTC sends no UDP (CHROMIUM_ARGS, for what the router cannot see);
-  popups are closed after each action;
+- the network sandbox (sandbox.py): every request is routed and only the MiniWoB html folder loads
+  (`url_allowed`), or on a general site only its hosts (`web_url_allowed`; a refused navigation is told
+  in the next observation); no other host resolves and WebRTC sends no UDP (for what the router cannot
+  see); MiniWoB's popups are closed after each action;
 - a page that navigates or reloads under the observation is observed again; a reloaded task page
   ends the episode; a page with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge;
-- `short_error`: a Playwright error as one line an agent can read.
+- a Playwright error reaches the agent as one line (page_errors.short_error).
 """
 from __future__ import annotations
 
 import logging
 import os
-import re
+import tempfile
 import threading
 import time
-import urllib.parse
 
 import playwright.sync_api
 
-import miniwob as _miniwob_pkg
+from sandbox import (CHROMIUM_ARGS, MINIWOB_HTML_DIR, chromium_args, url_allowed,  # noqa: F401
+                     web_route_pattern, web_url_allowed)
 
 # BrowserGym's MiniWoB tasks read MINIWOB_URL when they are built: set it before anything else.
-MINIWOB_HTML_DIR = os.path.join(os.path.dirname(os.path.abspath(_miniwob_pkg.__file__)), "html")
 os.environ.setdefault("MINIWOB_URL", "file://" + os.path.join(MINIWOB_HTML_DIR, "miniwob") + "/")
 
 from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE  # noqa: E402
@@ -60,6 +67,7 @@ from browsergym.core.observation import (  # noqa: E402
 from actions import split_action  # noqa: E402
 from axtree import clean, clean_text, quote  # noqa: E402
 from page_actions import action_namespace  # noqa: E402
+from page_errors import is_fatal, is_navigation_race, short_error, shorten  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -72,30 +80,9 @@ def chromium_path() -> str:
     return os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")
 
 
-# Chromium flags for many small headless browsers on few cores. (BrowserGym's own
-# --disable-features=OverlayScrollbars and --hide-scrollbars changes only matter for screenshots.)
-CHROMIUM_ARGS = [
-    "--disable-gpu",
-    "--disable-crash-reporter",  # its crashpad handlers outlive the browser as zombies here
-    "--disable-dev-shm-usage",
-    "--disable-extensions",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-default-apps",
-    "--disable-sync",
-    "--no-first-run",
-    "--mute-audio",
-    "--disable-features=Translate,OptimizationHints,MediaRouter,OverlayScrollbars",
-    "--renderer-process-limit=1",
-    # The network, for what the request router (url_allowed) never sees. MiniWoB is file:// only.
-    # No host name or address resolves: WebSockets, and the preconnect of a blocked navigation,
-    # reached a local server before this flag, not with it.
-    "--host-resolver-rules=MAP * ~NOTFOUND",
-    # No WebRTC UDP (a STUN request to a literal address reached a local UDP port before this flag).
-    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
-]
-
 MAX_PAGE_ELEMENTS = 5_000  # a page with more elements is not observed (env_error); the largest MiniWoB page has 137
+WEB_MAX_PAGE_ELEMENTS = 30_000  # the same bound on general sites (WebArena's admin grids hold thousands)
+WEB_NAVIGATION_TIMEOUT_MS = 30_000  # general sites: a navigation (a login, a search) under load
 
 _TLS = threading.local()  # one Playwright per thread (the sync API is bound to its thread)
 
@@ -154,33 +141,9 @@ document.addEventListener("visibilitychange", () => {
 """
 
 
-def url_allowed(url: str) -> bool:
-    """Only MiniWoB's own files (and blank/data pages) may load."""
-    if url.startswith(("about:blank", "data:")):
-        return True
-    if not url.startswith("file://"):
-        return False
-    path = os.path.normpath(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-    return path == MINIWOB_HTML_DIR or path.startswith(MINIWOB_HTML_DIR + os.sep)
-
-
 class PageTooLarge(RuntimeError):
     """The page holds more than MAX_PAGE_ELEMENTS elements: it is not observed (its accessibility tree
     would cost the renderer and Python seconds and hundreds of MB). WebEnv turns it into env_error."""
-
-
-# Errors from validating/observing a page whose document was replaced under the call (a navigation or
-# reload that the action started): the call is redone on the new document.
-_NAVIGATION_RACE = ("Execution context was destroyed", "Cannot find context with specified id",
-                    "is not defined", "detached", "not found", "without a bid", "Cannot read properties of",
-                    "navigat")
-
-
-def _is_navigation_race(e: Exception) -> bool:
-    if isinstance(e, MarkingError):
-        return True
-    return (isinstance(e, playwright.sync_api.Error) and not _is_fatal(e)
-            and any(s in str(e) for s in _NAVIGATION_RACE))
 
 
 class PersistentBrowserEnv(BrowserEnv):
@@ -192,10 +155,12 @@ class PersistentBrowserEnv(BrowserEnv):
     After an action: popups are closed, validation and observation are redone if the page navigated
     under them, a task page that was reloaded ends the episode, a crashed renderer raises, and a page
     with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge instead of being observed.
+    hosts: None for MiniWoB's policy; a set of host names for a general site's (sandbox.web_url_allowed,
+    tabs followed and listed, a fresh context per episode, WEB_MAX_PAGE_ELEMENTS, validation on request).
     """
 
     def __init__(self, task_entrypoint, headless: bool, timeout_ms: int, pre_observation_delay: float,
-                 marker: str, context_episodes: int = 100):
+                 marker: str, context_episodes: int = 100, hosts: frozenset[str] | None = None):
         super().__init__(task_entrypoint=task_entrypoint, headless=headless, slow_mo=0,
                          pre_observation_delay=pre_observation_delay, action_mapping=None)
         self.timeout_ms = timeout_ms
@@ -203,7 +168,10 @@ class PersistentBrowserEnv(BrowserEnv):
         self.blocked: list[str] = []  # URLs aborted by the router in this episode
         self.popups_closed: list[str] = []  # URLs of the popups closed in this episode
         # every action's function (page_actions.py), `page` rebound before each (no exec of model text, ever)
-        self.ns = action_namespace(lambda text: self.chat.add_message("assistant", str(text)))
+        self.ns = action_namespace(lambda text: self.chat.add_message("assistant", str(text)), self._infeasible)
+        self.hosts = None if hosts is None else frozenset(h.lower() for h in hosts)
+        self.web = self.hosts is not None  # a general site's policy (else MiniWoB's)
+        self.max_elements = WEB_MAX_PAGE_ELEMENTS if self.web else MAX_PAGE_ELEMENTS
         self.context_episodes = context_episodes
         self.episodes_in_context = 0
         self.crashed = False  # the page's renderer died (Playwright's "crash" event)
@@ -215,18 +183,27 @@ class PersistentBrowserEnv(BrowserEnv):
     def launch(self) -> None:
         self.browser = thread_playwright().chromium.launch(
             headless=self.headless, slow_mo=0, executable_path=chromium_path(),
-            args=CHROMIUM_ARGS + [f"--webdream-env={self.marker}"])
+            args=chromium_args(self.hosts) + [f"--webdream-env={self.marker}"])
 
     def browser_alive(self) -> bool:
         return self.browser is not None and self.browser.is_connected()
 
     def _route(self, route: playwright.sync_api.Route) -> None:
         url = route.request.url
-        if url_allowed(url):
+        if web_url_allowed(url, self.hosts) if self.web else url_allowed(url):
             route.continue_()
         else:
             self.blocked.append(url)
+            if self.web and _main_frame_navigation(route.request):  # a page or tab the agent would have seen
+                self.events.append(f"Blocked: {quote(shorten(clean_text(url)))} is not one of the task's sites; "
+                                   f"it was not loaded.")
             route.abort("blockedbyclient")
+
+    def _infeasible(self, reason: str) -> None:
+        """report_infeasible(reason): BrowserGym's rule (the chat records it; the episode ends, and a
+        WebArena task reads it as the answer "N/A")."""
+        self.chat.add_message("infeasible", str(reason))
+        self.infeasible_message_received = True
 
     def _drain(self, ctx) -> None:
         """Let Playwright run the route and binding callbacks queued for `ctx`. Closing a context or page
@@ -272,8 +249,9 @@ class PersistentBrowserEnv(BrowserEnv):
         # argument waits at most timeout_ms; navigations max(timeout_ms, 10 s). evaluate() and DevTools
         # calls have no timeout: WebEnv's watchdog bounds them.
         self.context.set_default_timeout(self.timeout_ms)
-        self.context.set_default_navigation_timeout(max(self.timeout_ms, 10_000))  # slow under load
-        self.context.route("**/*", self._route)
+        self.context.set_default_navigation_timeout(  # slow under load
+            max(self.timeout_ms, WEB_NAVIGATION_TIMEOUT_MS if self.web else 10_000))
+        self.context.route(web_route_pattern(self.hosts) if self.web else "**/*", self._route)
         self.context.on("dialog", self._on_dialog)  # without a listener Playwright dismisses them unseen
         self.context.expose_binding(
             "browsergym_page_activated", lambda source: self._activate_page_from_js(source["page"]))
@@ -287,6 +265,7 @@ class PersistentBrowserEnv(BrowserEnv):
     def reset(self, seed: int):
         if self.task:
             self.task.teardown()
+            _remove_config_file(self.task)
             self.task = None
         self.task = self.task_entrypoint(seed=seed)
         self.blocked = []
@@ -295,7 +274,8 @@ class PersistentBrowserEnv(BrowserEnv):
         # Reuse the context and page while it is healthy: the task's setup() navigates to its page
         # afresh (a new document, new JS state), which is ~0.15 s cheaper than a new context.
         # A new context every `context_episodes` episodes bounds whatever a page might leave behind.
-        reuse = (self.context is not None and self.page is not None and not self.page.is_closed()
+        # A general site's episode always gets a fresh context: its task logs in, and cookies must not carry over.
+        reuse = (not self.web and self.context is not None and self.page is not None and not self.page.is_closed()
                  and not self.crashed and len(self.context.pages) == 1
                  and self.episodes_in_context < self.context_episodes)
         if not reuse:
@@ -313,51 +293,66 @@ class PersistentBrowserEnv(BrowserEnv):
         self._check_alive()
         self._episodes += 1
         self.doc_token = f"{self.marker}:{self._episodes}"
-        self.task.page.evaluate("t => { window.__webdream_doc = t; }", self.doc_token)
+        if not self.web:
+            self.task.page.evaluate("t => { window.__webdream_doc = t; }", self.doc_token)
         self.start_time = time.time()
         self.last_action = ""
         self.last_action_error = ""
         self.infeasible_message_received = False
         obs = self._get_obs()
-        self._close_popups()
+        if not self.web:
+            self._close_popups()
         return clean(dict(obs, events=self._take_events())), clean({"task_info": task_info})
 
-    def act(self, action: str | None, error: str = ""):
-        """Run one canonical action (or none, with a parse error to show), then validate and observe."""
+    def act(self, action: str | None, error: str = "", validate: bool = True):
+        """Run one canonical action (or none, with a parse error to show), then validate (unless
+        validate=False: reward 0, not done) and observe."""
         self._check_alive()
         self.last_action = action or ""
         info = {"action_exec_start": time.time(), "action_exec_timeout": 0}
         self.last_action_error = error
+        pages_before = list(self.context.pages)
         if action is not None:
             name, args = split_action(action)
             if name == "noop":
                 pass  # BrowserGym's noop sleeps 1 s; MiniWoB pages have nothing to wait for
+            elif name == "goto" and self.web and not web_url_allowed(args[0], self.hosts):
+                self.last_action_error = (f"{quote(shorten(args[0]))} is not one of the task's sites "
+                                          f"({', '.join(sorted(self.hosts))}); nothing was loaded")
+            elif name == "tab_focus" and not args[0] < len(self.context.pages):
+                self.last_action_error = f"there is no tab {args[0]}: the tabs are 0 to {len(self.context.pages) - 1}"
             else:
                 self.ns["page"] = self.page
                 try:
                     self.ns[name](*args)
                 except playwright.sync_api.Error as e:
-                    if _is_fatal(e):
+                    if is_fatal(e):
                         raise
                     self.last_action_error = short_error(e)
                 except (ValueError, TypeError) as e:  # e.g. "Could not find element with bid"
                     self.last_action_error = short_error(e)
+                if self.web:  # the tab actions make another tab the active one (they rebind "page")
+                    self._follow(self.ns["page"])
+        if self.web:
+            self._follow_new_tabs(pages_before, action)
         # BrowserGym's post_step (wait for load, validate, observe) sees the page at some instant; an
         # action can start a navigation or reload that replaces the document in the middle of it. Then
         # the whole post-step is redone on the new document (a few times, backing off).
         for attempt in range(4):
             self._check_alive()
-            self._close_popups()
+            if not self.web:
+                self._close_popups()
             try:
-                obs, reward, terminated, truncated, info = self.post_step(info)
+                obs, reward, terminated, truncated, info = self.post_step(info, validate=validate)
                 self._check_alive()  # (a crash closes the page, and BrowserGym would observe a blank new one)
-                if (not terminated and attempt < 3 and self.page == self.task.page
+                if (not self.web and not terminated and attempt < 3 and self.page == self.task.page
                         and obs["url"] != self.task.url):  # validated the old document, observed a new one
                     continue
-                self._close_popups()  # a tab this action opened goes now, and the observation says so
+                if not self.web:
+                    self._close_popups()  # a tab this action opened goes now, and the observation says so
                 return clean(dict(obs, events=self._take_events())), reward, terminated, truncated, clean(info)
             except Exception as e:
-                if attempt == 3 or self.crashed or not _is_navigation_race(e):
+                if attempt == 3 or self.crashed or not is_navigation_race(e):
                     raise
                 logger.info("the page changed while it was observed (%s); observing again", short_error(e, 80))
                 time.sleep(0.05 * 2 ** attempt)
@@ -375,10 +370,33 @@ class PersistentBrowserEnv(BrowserEnv):
     def _activate_page_from_js(self, page) -> None:
         """BrowserGym makes whichever page gets focus, loads or is clicked the observed page; a MiniWoB
         task lives in its one page, so a tab it opens is never observed (it validated as "invalid page"
-        and ended the episode) but closed (_close_popups)."""
-        task_page = getattr(self.task, "page", None) if self.task else None
+        and ended the episode) but closed (_close_popups). A general site keeps BrowserGym's rule."""
+        task_page = getattr(self.task, "page", None) if self.task and not self.web else None
         if task_page is None or page == task_page:
             super()._activate_page_from_js(page)
+
+    def _follow(self, page) -> None:
+        """Make `page` the observed tab (BrowserGym's page history too), if it is another open one."""
+        if page is not None and page is not self.page and not page.is_closed() and page in self.context.pages:
+            super()._activate_page_from_js(page)
+
+    def _follow_new_tabs(self, before: list, action: str | None) -> None:
+        """A general site: a tab the page opened during the action (window.open, target=_blank) becomes the
+        observed tab once its document is there, and the next observation says so; new_tab()'s own tab
+        is the agent's doing and goes untold."""
+        self._drain(self.context)
+        new = [p for p in self.context.pages if p not in before]
+        if action == "new_tab()":
+            return
+        for p in new:
+            try:
+                p.wait_for_load_state("domcontentloaded", timeout=3000)
+            except playwright.sync_api.Error:
+                pass
+            self._follow(p)
+            url = clean_text(p.url)
+            self.events.append(f"Tab: the page opened a new tab{f' ({quote(shorten(url))})' if url != 'about:blank' else ''}; "
+                               f"it is now the active tab.")
 
     def _on_dialog(self, dialog) -> None:
         """The dialog policy: every native dialog (alert, confirm, prompt, beforeunload) is accepted at
@@ -392,8 +410,8 @@ class PersistentBrowserEnv(BrowserEnv):
                 dialog.accept()
         except playwright.sync_api.Error:  # the page or the dialog is already gone
             pass
-        said = f" {quote(_shorten(message))}" if message else ""
-        how = f"accepted with its default text {quote(_shorten(default))}" if kind == "prompt" else "accepted (OK)"
+        said = f" {quote(shorten(message))}" if message else ""
+        how = f"accepted with its default text {quote(shorten(default))}" if kind == "prompt" else "accepted (OK)"
         self.events.append(f"Dialog: the page showed {'an' if kind[0] in 'aeiou' else 'a'} {kind}{said}; it was {how}.")
 
     def _close_popups(self) -> None:
@@ -420,7 +438,7 @@ class PersistentBrowserEnv(BrowserEnv):
 
     def _task_validate(self):
         page, task = self.page, self.task
-        if page == task.page and page.url == task.url:
+        if not self.web and page == task.page and page.url == task.url:
             # same URL, but is it still the document the task set up? (a reload starts MiniWoB afresh,
             # with no episode running: the task could never be completed)
             if page.evaluate("() => window.__webdream_doc || ''") != self.doc_token:
@@ -428,28 +446,43 @@ class PersistentBrowserEnv(BrowserEnv):
         return super()._task_validate()
 
     def _get_obs(self):
-        """Only what the text agent needs: goal, URL, AXTree (with bids), focused bid."""
-        n = self.page.evaluate("() => document.getElementsByTagName('*').length")
-        if n > MAX_PAGE_ELEMENTS:
-            raise PageTooLarge(f"the page has {n} elements, more than {MAX_PAGE_ELEMENTS}: not observed")
+        """Only what the text agent needs: goal, URL, AXTree (with bids), focused bid; on a general site
+        with several tabs open, one line per tab (`tabs`: index, title, URL, which is active)."""
+        page = self.page  # (a tab activated meanwhile is observed next time, not halfway through this one)
+        n = page.evaluate("() => document.getElementsByTagName('*').length")
+        if n > self.max_elements:
+            raise PageTooLarge(f"the page has {n} elements, more than {self.max_elements}: not observed")
         for retries_left in reversed(range(3)):
             try:
-                _pre_extract(self.page, tags_to_mark=self.tags_to_mark, lenient=(retries_left == 0))
-                axtree = extract_merged_axtree(self.page)
+                _pre_extract(page, tags_to_mark=self.tags_to_mark, lenient=(retries_left == 0))
+                axtree = extract_merged_axtree(page)
             except (playwright.sync_api.Error, MarkingError) as e:
                 if retries_left > 0 and any(s in str(e) for s in (
                         "detached", "not found", "context was destroyed", "without a bid",
                         "Cannot read properties of undefined")):
-                    _post_extract(self.page)
+                    _post_extract(page)
                     time.sleep(0.05)
                     continue
                 raise
             break
-        _post_extract(self.page)
+        _post_extract(page)
         goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
-        return {"goal": goal, "url": self.page.url, "axtree_object": axtree,
+        tabs = self._tab_lines(page) if self.web and len(self.context.pages) > 1 else []
+        return {"goal": goal, "url": page.url, "axtree_object": axtree, "tabs": tabs,
                 "last_action": self.last_action,
                 "last_action_error": self.last_action_error}
+
+    def _tab_lines(self, active) -> list[str]:
+        """One line per open tab, in tab_focus()'s order: "Tab 1 (active): 'Results' http://shop/?q=bag"."""
+        lines = []
+        for i, p in enumerate(self.context.pages):
+            try:
+                title = p.title()
+            except playwright.sync_api.Error:  # closing, or navigating
+                title = ""
+            lines.append(f"Tab {i}{' (active)' if p == active else ''}: {quote(shorten(clean_text(title), 80))} "
+                         f"{shorten(clean_text(p.url))}")
+        return lines
 
     def close(self):
         """Close the context and the browser. Never raises."""
@@ -462,26 +495,19 @@ class PersistentBrowserEnv(BrowserEnv):
         self.task = self.context = self.browser = self.chat = self.page = None
 
 
-def _is_fatal(e: Exception) -> bool:
-    """Playwright errors that mean the browser, context or page is gone (vs. a bad action)."""
-    s = str(e)
-    return any(k in s for k in ("Target page, context or browser has been closed", "Browser has been closed",
-                                "Connection closed", "Target closed", "crashed"))
+def _main_frame_navigation(request) -> bool:
+    """Whether a request loads a tab's document (not a frame's, not a resource)."""
+    try:
+        return request.is_navigation_request() and request.frame.parent_frame is None
+    except playwright.sync_api.Error:  # no frame yet (a popup's first request)
+        return request.is_navigation_request()
 
 
-def short_error(e: Exception, limit: int = 200) -> str:
-    """An error as the agent sees it: "Type: message", its first line only (at most `limit` characters),
-    without Playwright's call log (it costs tokens and helps nobody) except the one fact an agent can
-    use: which element covers the target, appended as " (element [12] 'OK' is on top of it)"."""
-    full = clean_text(f"{type(e).__name__}: {e}")
-    s = full.split("\nCall log:")[0].strip()
-    s = s.splitlines()[0] if s else s
-    s = s if len(s) <= limit else s[: limit - 3] + "..."
-    m = re.search(r'<\w+[^>]*?\bbid="(\w+)"[^>]*>([^<]{0,40})(?:</\w+>)? intercepts pointer events', full)
-    if m:
-        s += f" (element [{m.group(1)}] {quote(m.group(2).strip())} is on top of it)"
-    return s
-
-
-def _shorten(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _remove_config_file(task) -> None:
+    """Delete the temporary config file a WebArena task writes at every setup (BrowserGym leaves them)."""
+    path = getattr(task, "config_file", None)
+    if isinstance(path, str) and os.path.dirname(path) == tempfile.gettempdir():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -102,14 +102,14 @@ def trained_settings(path: str | None) -> dict:
         return {k: v for k, v in json.load(fh).items() if k in PROMPT_DEFAULTS}
 
 
-def resolve_prompt_settings(args, path: str | None) -> None:
+def resolve_prompt_settings(args, path: str | None, defaults: dict | None = None) -> None:
     """Fill every prompt flag left at None in `args` (argparse namespace) with the value checkpoint `path`
-    was trained with, else PROMPT_DEFAULTS: a checkpoint is prompted the way it was trained unless a
-    flag says otherwise."""
+    was trained with, else `defaults` (a benchmark's, benchmarks.prompt_defaults), else PROMPT_DEFAULTS: a
+    checkpoint is prompted the way it was trained unless a flag says otherwise."""
     trained = trained_settings(path)
     for k, v in PROMPT_DEFAULTS.items():
         if getattr(args, k, None) is None:
-            setattr(args, k, trained.get(k, v))
+            setattr(args, k, trained.get(k, (defaults or {}).get(k, v)))
     if args.max_new_tokens is None:
         args.max_new_tokens = 64 if args.think else 32
 

@@ -22,7 +22,17 @@ from functools import lru_cache
 SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill('bid', 'text'), "
                  "select_option('bid', 'option'), press('bid', 'Enter').")
 
-THINK_SYSTEM_PROMPT = SYSTEM_PROMPT + " First think briefly inside <think></think>, then give the action."
+THINK_SUFFIX = " First think briefly inside <think></think>, then give the action."
+THINK_SYSTEM_PROMPT = SYSTEM_PROMPT + THINK_SUFFIX
+# General sites (WebArena-Lite): the grammar's navigation, tab and keyboard actions too
+# (actions.WEB_ACTIONS), and how an episode ends (env.ENDING_ACTIONS).
+WEB_SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill('bid', 'text'), "
+                     "select_option('bid', 'option'), press('bid', 'Enter'), hover('bid'), scroll(0, 300), "
+                     "goto('url'), go_back(), go_forward(), new_tab(), tab_focus(1), tab_close(), "
+                     "keyboard_press('Enter'), keyboard_type('text'). When the goal is done, reply "
+                     "send_msg_to_user('answer') with the answer it asks for (else 'done'); if it cannot be "
+                     "done, report_infeasible('why').")
+SYSTEM_PROMPTS = {"miniwob": SYSTEM_PROMPT, "webarena-lite": WEB_SYSTEM_PROMPT}  # by benchmark
 
 _URL = re.compile(r"^URL: *(\S+)", re.M)
 HEADER = "Goal: \nURL: "  # an observation's first two lines, without their text
@@ -176,10 +186,12 @@ class PromptSettings:
     compress: bool = True     # False: the ablation that keeps every observation (still under the budget)
     max_tokens: int = 1024    # the prompt's token budget
     think: bool = False       # ask for a <think> block before the action (THINK_SYSTEM_PROMPT)
+    benchmark: str = "miniwob"  # whose system prompt (SYSTEM_PROMPTS): the actions it lists
 
     @property
     def system(self) -> str:
-        return THINK_SYSTEM_PROMPT if self.think else SYSTEM_PROMPT
+        """The system prompt: the benchmark's, with THINK_SUFFIX when thinking."""
+        return SYSTEM_PROMPTS[self.benchmark] + (THINK_SUFFIX if self.think else "")
 
     def build(self, tokenizer, history: list[dict], observation: str) -> list[int]:
         """build_prompt with these settings."""

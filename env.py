@@ -1,4 +1,5 @@
-"""A MiniWoB++ task as a reinforcement-learning environment, over BrowserGym and headless Chromium.
+"""A MiniWoB++ task (or a WebArena-Lite one) as a reinforcement-learning environment, over BrowserGym
+and headless Chromium.
 
     from env import make_env, SUITE, eval_seeds
     env = make_env("click-button")
@@ -8,6 +9,14 @@
     env.close()
 
     python env.py --task click-link --seed 3        # print a page's observation, time resets/steps
+    env = make_env("webarenalite.4", max_steps=15)  # WebArena-Lite: its sites from WA_* (webarena_lite.py)
+
+A task name decides the benchmark (benchmark_of): MiniWoB's names ('click-button') or WebArena's
+('webarenalite.<id>', 'webarena.<id>'). On WebArena the grammar is actions.WEB_ACTIONS (navigation,
+tabs, the keyboard, report_infeasible), the router lets pages reach only the sites' hosts
+(sandbox.web_url_allowed), tabs are followed and listed (Obs.tabs), and the task's evaluators run once,
+when the episode ends: after send_msg_to_user (the answer) or report_infeasible, or at the step budget
+(WebArena's rule: the final page counts, with no answer). Its time bounds are WEB_*_TIMEOUT_S.
 
 This file is what a user imports: the task registry and seeds (TASKS, SUITE, train_seeds, eval_seeds,
 is_success), the observation (Obs) and the environment (WebEnv, make_env). Its parts live beside it:
@@ -46,9 +55,12 @@ import time
 from dataclasses import dataclass, field
 
 import watchdog
-from actions import ActionParseError, parse_action
+import llm_judge
+import webarena_lite
+from actions import ACTION_SETS, ActionParseError, parse_action, split_action
 from axtree import flatten_axtree
-from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv, short_error
+from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv
+from page_errors import short_error
 
 from browsergym.miniwob import ALL_MINIWOB_TASKS  # (after browser, which sets MINIWOB_URL for it)
 
@@ -128,15 +140,18 @@ class Obs:
     # what the page did beside the action, one line each (browser.py writes them): "Dialog: the page
     # showed a confirm 'Really delete?'; it was accepted (OK).", "Tab: the page opened a new tab; ..."
     events: tuple[str, ...] = ()
+    # general sites with several tabs open: one line per tab, shown after the URL
+    # ("Tab 1 (active): 'Results' http://shop/?q=bag"); MiniWoB has none
+    tabs: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         return self.render()
 
     def render(self) -> str:
-        """Goal, URL, tree, the page's events (at most MAX_EVENTS lines, then a count), then the last
-        action's error if any."""
-        s = f"Goal: {self.goal}\nURL: {self.url}\n{self.axtree}"
+        """Goal, URL, the open tabs (several only), tree, the page's events (at most MAX_EVENTS lines, then
+        a count), then the last action's error if any."""
+        s = f"Goal: {self.goal}\nURL: {self.url}\n" + "".join(f"{t}\n" for t in self.tabs) + self.axtree
         for line in self.events[:MAX_EVENTS]:
             s += f"\n{line}"
         if len(self.events) > MAX_EVENTS:
@@ -164,6 +179,19 @@ CLOSE_TIMEOUT_S = 10.0   # one close()
 SCREENSHOT_CLIP = {"x": 0, "y": 0, "width": 160, "height": 210}
 SCREENSHOT_QUALITY = 60
 SCREENSHOT_TIMEOUT_MS = 2000
+# WebArena: its pages are real sites (a reset logs in; the evaluators of the last step may load pages
+# and wait 3 s each), so its bounds are wider; rollout.EnvPool's backstop must exceed them (benchmarks.py)
+WEB_STEP_TIMEOUT_S = 60.0
+WEB_RESET_TIMEOUT_S = 90.0
+WEB_TIMEOUT_MS = 10_000     # Playwright's own waits (BrowserGym's WebArena tasks use 10 s)
+WEB_TREE_LINES = 500        # tree lines kept (a prompt budget cuts the rest; WebArena pages run to thousands)
+ENDING_ACTIONS = ("send_msg_to_user", "report_infeasible")  # on WebArena they end the episode: evaluate then
+
+
+def benchmark_of(task: str) -> str:
+    """The benchmark a task name belongs to: 'webarena-lite' for WebArena's names ('webarenalite.4',
+    'webarena.12', registered ones), else 'miniwob'."""
+    return "webarena-lite" if webarena_lite.is_task_name(task) else "miniwob"
 
 _ENV_COUNTER = iter(range(10**9))
 
@@ -220,11 +248,18 @@ class WebEnv:
     10.7 s (and a normal episode).
     """
 
-    def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int = 5000,
-                 pre_observation_delay: float = 0.0, max_tree_lines: int = 200,
-                 step_timeout: float = STEP_TIMEOUT_S, reset_timeout: float = RESET_TIMEOUT_S,
+    def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int | None = None,
+                 pre_observation_delay: float = 0.0, max_tree_lines: int | None = None,
+                 step_timeout: float | None = None, reset_timeout: float | None = None,
                  kill_grace: float = watchdog.KILL_GRACE_S, screenshots: bool = False):
-        task = _task_name(task)
+        self.benchmark = benchmark_of(task)
+        self.web = self.benchmark != "miniwob"
+        task = task_name(task)
+        # defaults: MiniWoB's (5 s, 200 lines, 15 s, 30 s), or WebArena's wider ones
+        timeout_ms = timeout_ms or (WEB_TIMEOUT_MS if self.web else 5000)
+        max_tree_lines = max_tree_lines or (WEB_TREE_LINES if self.web else 200)
+        step_timeout = step_timeout or (WEB_STEP_TIMEOUT_S if self.web else STEP_TIMEOUT_S)
+        reset_timeout = reset_timeout or (WEB_RESET_TIMEOUT_S if self.web else RESET_TIMEOUT_S)
         if not (step_timeout > 0 and reset_timeout > 0 and kill_grace > 0):
             raise ValueError(f"step_timeout, reset_timeout and kill_grace must be > 0, "
                              f"got {step_timeout}, {reset_timeout}, {kill_grace}")
@@ -234,8 +269,10 @@ class WebEnv:
         self.screenshots = screenshots
         self.step_timeout, self.reset_timeout, self.kill_grace = step_timeout, reset_timeout, kill_grace
         self.marker = f"{os.getpid()}-{next(_ENV_COUNTER)}"
-        self._bg = PersistentBrowserEnv(TASKS[task], headless=headless, timeout_ms=timeout_ms,
-                                         pre_observation_delay=pre_observation_delay, marker=self.marker)
+        self.actions = ACTION_SETS["web" if self.web else "miniwob"]  # the grammar parse_action takes
+        self._bg = PersistentBrowserEnv(_entrypoint(task), headless=headless, timeout_ms=timeout_ms,
+                                         pre_observation_delay=pre_observation_delay, marker=self.marker,
+                                         hosts=webarena_lite.allowed_hosts() if self.web else None)
         self.seed: int | None = None
         self.goal = ""
         self.t = 0
@@ -247,7 +284,7 @@ class WebEnv:
     def _obs(self, bg_obs: dict, error: str = "") -> Obs:
         return Obs(goal=self.goal, url=short_url(bg_obs["url"]),
                    axtree=flatten_axtree(bg_obs["axtree_object"], self.max_tree_lines),
-                   error=error, step=self.t, events=tuple(bg_obs.get("events", ())))
+                   error=error, step=self.t, events=tuple(bg_obs.get("events", ())), tabs=tuple(bg_obs.get("tabs", ())))
 
     def _screenshot(self) -> bytes | None:
         """The task area as a small JPEG (Obs.screenshot), or None: screenshots off, or the capture
@@ -255,8 +292,9 @@ class WebEnv:
         Playwright's own timeout ends a slow capture; only a page that hangs the renderer trips the guard."""
         if not self.screenshots:
             return None
-        try:
-            return self._bg.page.screenshot(type="jpeg", quality=SCREENSHOT_QUALITY, clip=SCREENSHOT_CLIP,
+        try:  # MiniWoB's task area; a general site's viewport
+            return self._bg.page.screenshot(type="jpeg", quality=SCREENSHOT_QUALITY,
+                                            clip=None if self.web else SCREENSHOT_CLIP,
                                             timeout=min(self._bg.timeout_ms, SCREENSHOT_TIMEOUT_MS))
         except Exception as e:
             logger.warning("screenshot(%s, seed=%s, step %d) failed: %s", self.task, self.seed, self.t,
@@ -293,10 +331,17 @@ class WebEnv:
         env_error=True and carries the error, and the next step() ends the episode with
         info["env_error"] = True."""
         if task is not None and task != self.task:
-            task = _task_name(task)
+            if benchmark_of(task) != self.benchmark:
+                raise ValueError(f"this WebEnv runs {self.benchmark} tasks, not {task!r}")
+            task = task_name(task)
             self.task = task
-            self._bg.task_entrypoint = TASKS[task]
+            self._bg.task_entrypoint = _entrypoint(task)
         self.seed, self.t, self.done = seed, 0, False
+        if self.web and webarena_lite.needs_judge(self.task) and not llm_judge.configured():
+            self._broken, self.goal = self._broken or "context", ""  # refused before any browser work: never scored
+            return Obs(goal="", url="", axtree="", step=0, env_error=True,
+                       error=f"environment error: {self.task} is graded by an LLM judge and none is configured "
+                             f"(--judge-url or ${llm_judge.URL_VAR})")
         deadline = time.monotonic() + self.reset_timeout
         err = ""
         for attempt in range(retries + 1):
@@ -341,15 +386,18 @@ class WebEnv:
             info.update(env_error=True, error="environment error during reset")
             return Obs(self.goal, "", "", info["error"], self.t, env_error=True), 0.0, True, info
         try:
-            action = parse_action(text)
+            action = parse_action(text, self.actions)
             parse_error = ""
         except ActionParseError as e:
             action, parse_error = None, f"ActionParseError: {e}"
         info["action"] = action
+        # MiniWoB validates every step; WebArena's evaluators run once, when the episode ends
+        evaluate = not self.web or self.t >= self.max_steps or (
+            action is not None and split_action(action)[0] in ENDING_ACTIONS)
         fault = None
         with self._guard(self.step_timeout) as g:
             try:
-                bg_obs, _, terminated, _, bg_info = self._bg.act(action, error=parse_error)
+                bg_obs, reward, terminated, _, bg_info = self._bg.act(action, error=parse_error, validate=evaluate)
                 obs = self._obs(bg_obs, error=bg_obs["last_action_error"])
                 obs.screenshot = self._screenshot()
             except Exception as e:  # browser fault, page too large, or a tree too deep to flatten
@@ -369,7 +417,8 @@ class WebEnv:
         ended_by_page = "error" in task_info  # BrowserGym's validate(): wrong page or URL, or a reload
         if ended_by_page:
             terminated = True
-        raw = float(task_info.get("RAW_REWARD_GLOBAL") or 0.0)
+        # MiniWoB's raw reward is in task_info; WebArena's evaluators return theirs (1.0 or 0.0)
+        raw = float((reward if self.web else task_info.get("RAW_REWARD_GLOBAL")) or 0.0)
         success = bool(terminated) and is_success(raw)
         truncated = not terminated and self.t >= self.max_steps
         done = bool(terminated) or truncated
@@ -408,15 +457,24 @@ class WebEnv:
             pass
 
 
-def _task_name(task: str) -> str:
-    """'click-button', 'miniwob.click-button' or 'browsergym/miniwob.click-button' -> 'click-button'.
-    Raises ValueError, listing the valid names, for an unknown task."""
+def task_name(task: str) -> str:
+    """'click-button', 'miniwob.click-button' or 'browsergym/miniwob.click-button' -> 'click-button';
+    a WebArena name as is, less 'browsergym/'. Raises ValueError, listing the valid names, for an unknown task."""
+    if webarena_lite.is_task_name(task):
+        task = task.removeprefix("browsergym/")
+        webarena_lite.config(task)  # (raises for an unknown one)
+        return task
     for prefix in ("browsergym/miniwob.", "miniwob."):
         if task.startswith(prefix):
             task = task[len(prefix):]
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
     return task
+
+
+def _entrypoint(task: str):
+    """The BrowserGym task class (MiniWoB) or factory (WebArena) a task name runs."""
+    return webarena_lite.entrypoint(task) if webarena_lite.is_task_name(task) else TASKS[task]
 
 
 def make_env(task: str, **kw) -> WebEnv:

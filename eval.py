@@ -5,6 +5,12 @@
     python eval.py --ckpt runs/real/final --out runs/eval-real
     python eval.py --ckpt runs/bc/final --seeds 2 --report runs/bc/final/report  # + an HTML report
     python eval.py --compare BC=runs/bc/final/eval M-GRPO=runs/real/final/eval   # per-task table, same episodes
+    python eval.py --benchmark webarena-lite --ckpt CKPT --judge-url http://127.0.0.1:8000/v1   # hosted WebArena-Lite
+
+--benchmark webarena-lite (benchmarks.py, webarena_lite.py) evaluates WebArena-Lite's 165 tasks once each
+on the sites the WA_* variables name (a missing one is a usage error that names it). The tasks graded by
+an LLM judge need --judge-url (or $WEBDREAM_JUDGE_URL); without one they are skipped, counted and listed
+in results.md and results.json ("skipped"), never scored.
 
 Greedy decoding by default. Success is full task credit; an episode that ends by an
 infrastructure fault (`env_error`) is neither a success nor a failure: it is left out of the
@@ -28,10 +34,12 @@ import time
 
 import torch
 
+import benchmarks
 import checkpoint
 import compress
 import env as webenv
 import generators
+import llm_judge
 import policy
 import stats
 from rollout import EnvPool, rollout
@@ -106,8 +114,9 @@ def evaluate(generator, tokenizer, tasks: list[str], seeds: list[int], *, max_st
     (stats.summarise's summary, trajectories).
     screenshots: keep a JPEG of every page in the trajectories (turn["screenshot"], base64; for report.py).
     processes: each browser in a process of its own instead of a worker thread (rollout.EnvPool)."""
+    benchmark = webenv.benchmark_of(tasks[0]) if tasks else "miniwob"
     pool = EnvPool(functools.partial(webenv.WebEnv, max_steps=max_steps, screenshots=screenshots), tokenizer,
-                   num_envs=num_envs, processes=processes)
+                   num_envs=num_envs, processes=processes, step_timeout=benchmarks.POOL_STEP_TIMEOUT_S[benchmark])
     try:
         jobs = [(t, s) for t in tasks for s in seeds]
         trajs, _ = rollout(generator, tokenizer, pool, jobs, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -121,8 +130,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default=None, help="checkpoint folder; default: the base model (--model)")
     p.add_argument("--model", default=policy.DEFAULT_MODEL, help="base model when no --ckpt")
-    p.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
-    p.add_argument("--seeds", type=int, default=20, help="eval seeds per task")
+    benchmarks.add_flags(p)
+    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: the benchmark's evaluation tasks: "
+                   "MiniWoB's suite, or WebArena-Lite's 165)")
+    p.add_argument("--seeds", type=int, default=None, help="eval seeds per task (default 20; WebArena-Lite: 1, a task "
+                   "config is its own seed)")
     p.add_argument("--max-steps", type=int, default=None, help="turns per episode (test-time interaction budget; default: as trained, else 6)")
     p.add_argument("--num-envs", type=int, default=8, help="episodes running at once")
     p.add_argument("--env-workers", choices=["thread", "process"], default="thread",
@@ -150,18 +162,23 @@ def main(argv=None):
             p.error(f"--compare: two runs have the same label ({labels}); name them LABEL=DIR")
         print(compare(runs), end="")
         return
-    tasks = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in tasks if t not in webenv.TASKS]
-    if unknown:
-        p.error(f"unknown task(s) {unknown}")
+    benchmarks.configure(args, p.error)  # the sites' variables, the judge
+    try:
+        sel = benchmarks.select(args.benchmark, args.tasks, "eval")
+        args.seeds = args.seeds or (20 if args.benchmark == "miniwob" else 1)
+        if not 1 <= args.seeds <= len(webenv.EVAL_SEEDS):
+            raise ValueError(f"--seeds must be between 1 and {len(webenv.EVAL_SEEDS)}")
+        seeds = benchmarks.eval_seeds(args.benchmark, args.seeds)
+    except ValueError as e:
+        p.error(str(e))
+    if not sel.tasks:
+        p.error(f"no task left to evaluate. {sel.note()}")
     if args.ckpt and not os.path.isdir(args.ckpt):
         p.error(f"--ckpt {args.ckpt}: no such checkpoint folder")
-    if not 1 <= args.seeds <= len(webenv.EVAL_SEEDS):
-        p.error(f"--seeds must be between 1 and {len(webenv.EVAL_SEEDS)}")
     # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
-    checkpoint.resolve_prompt_settings(args, args.ckpt)
+    checkpoint.resolve_prompt_settings(args, args.ckpt, benchmarks.prompt_defaults(args.benchmark))
     prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                     max_tokens=args.max_prompt_tokens, think=args.think)
+                                     max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark)
     least = compress.min_tokens(policy.load_tokenizer(args.ckpt or args.model), prompt.system)
     if args.max_prompt_tokens < least:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
@@ -171,15 +188,23 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     model, tok = policy.load_model(args.ckpt or args.model, device=args.device)
     t0 = time.time()
-    summary, trajs = evaluate(generators.HFGenerator(model, tok, bf16=bool(args.bf16)), tok, tasks,
-                              webenv.eval_seeds(args.seeds), max_steps=args.max_steps, num_envs=args.num_envs,
+    if sel.skipped:
+        print(sel.note())
+    summary, trajs = evaluate(generators.HFGenerator(model, tok, bf16=bool(args.bf16)), tok, sel.tasks,
+                              seeds, max_steps=args.max_steps, num_envs=args.num_envs,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens, prompt=prompt,
                               screenshots=bool(args.report), processes=args.env_workers == "process")
     summary["seconds"] = time.time() - t0
     summary["real_steps"] = sum(t["steps"] for t in trajs)
     summary["model"] = args.ckpt or args.model
-    title = f"{summary['model']}: {args.seeds} eval seeds per task, max {args.max_steps} steps"
-    md = markdown(summary, title)
+    summary["benchmark"] = args.benchmark
+    summary["skipped"] = {"need_llm_judge": sel.skipped}  # not run, not scored (benchmarks.Selection)
+    if args.benchmark != "miniwob":
+        summary["judge"] = llm_judge.describe()
+    title = (f"{summary['model']}: {args.seeds} eval seeds per task, max {args.max_steps} steps"
+             if args.benchmark == "miniwob" else
+             f"{summary['model']}: WebArena-Lite, {len(sel.tasks)} tasks once each, max {args.max_steps} steps")
+    md = markdown(summary, title) + (f"\n{sel.note()}\n" if sel.skipped else "")
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(out, "results.json"), "w") as f:

@@ -1,4 +1,5 @@
-"""Scripted experts for the default MiniWoB++ suite, and demonstration collection.
+"""Scripted experts for the default MiniWoB++ suite, and demonstration collection. (MiniWoB only: there is
+no scripted expert for WebArena-Lite; `--benchmark webarena-lite` is an error that says so.)
 
     python experts.py --out demos.jsonl --per-task 20                     # every task in env.SUITE
     python experts.py --out demos.jsonl --per-task 20 --tasks click-button,enter-text
@@ -327,7 +328,13 @@ if __name__ == "__main__":
     ap.add_argument("--tasks", default=",".join(SUITE), help="comma-separated MiniWoB task names")
     ap.add_argument("--max-steps", type=int, default=10, help="step limit per episode")
     ap.add_argument("--eval", type=int, default=0, help="instead: success on this many EVAL seeds, write nothing")
+    ap.add_argument("--benchmark", choices=["miniwob", "webarena-lite"], default="miniwob",
+                    help="the experts are MiniWoB's; webarena-lite has none (an error that says so)")
     args = ap.parse_args()
+    if args.benchmark != "miniwob":
+        ap.error("there is no scripted expert for WebArena-Lite: its tasks need real reasoning on real sites. "
+                 "Demonstrations for --mode bc must come from elsewhere (e.g. successful trajectories of a stronger "
+                 "agent), written as demos.jsonl records (records.py); --mode real can start from any checkpoint")
     tasks = [t for t in args.tasks.split(",") if t]
     t0 = time.time()
     if args.eval:

@@ -6,9 +6,11 @@ do not act on what the agent sees.
     ns["page"] = page                                               # rebound before every action
     ns["click"]("13"); ns["select_option"]("9", "Blue")             # (actions.split_action's name, args)
 
-- BrowserGym's library (browsergym-core 0.14.3: its "chat", "bid" and "nav" subsets, no demo mode, no
-  retry with force), compiled once at import and exec'd into each namespace: safe, it is BrowserGym's
-  own code; model text is never executed (actions.py parses it into a name and literal arguments);
+- BrowserGym's library (browsergym-core 0.14.3: its "chat", "infeas", "bid", "coord", "nav" and "tab"
+  subsets, no demo mode, no retry with force), compiled once at import and exec'd into each namespace:
+  safe, it is BrowserGym's own code; model text is never executed (actions.py parses it into a name
+  and literal arguments). The tab functions (new_tab, tab_focus, tab_close) rebind the namespace's
+  "page" to the tab they make active: the caller reads it back after the call;
 - check() and uncheck(), from the same library but in none of its subsets;
 - select_option: ours (select_options). BrowserGym's passes the text to Playwright, which matches an
   option's value before its label: with options value="Alpha" labelled "Other" and one labelled
@@ -21,10 +23,10 @@ import inspect
 from browsergym.core.action import functions as _bg_functions
 from browsergym.core.action.highlevel import HighLevelActionSet
 
-from actions import ACTIONS
+from actions import WEB_ACTIONS
 from axtree import clean, quote
 
-_ACTION_SET = HighLevelActionSet(subsets=["chat", "bid", "nav"], demo_mode="off", strict=True,
+_ACTION_SET = HighLevelActionSet(subsets=["chat", "infeas", "bid", "coord", "nav", "tab"], demo_mode="off", strict=True,
                                  multiaction=False, retry_with_force=False)
 _ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
 # check() and uncheck() are in BrowserGym's function library but in none of its action subsets
@@ -33,16 +35,17 @@ _EXTRA_ACTION_CODE = compile("\n\n".join(inspect.getsource(f) for f in (_bg_func
                              "<browsergym actions: check, uncheck>", "exec")
 
 
-def action_namespace(send_message) -> dict:
-    """A fresh namespace holding a function for every action of the grammar (actions.ACTIONS but
-    noop); its "page" must be set before each call. send_message(text): what send_msg_to_user does.
+def action_namespace(send_message, report_infeasible=None) -> dict:
+    """A fresh namespace holding a function for every action of the grammars (actions.WEB_ACTIONS, which
+    holds MiniWoB's, but noop); its "page" must be set before each call. send_message(text): what
+    send_msg_to_user does; report_infeasible(reason): what report_infeasible does (nothing by default).
     Errors: RuntimeError if an action of the grammar has no function (it would fail every episode)."""
     ns: dict = {"page": None, "DEMO_MODE": False, "send_message_to_user": send_message,
-                "report_infeasible_instructions": lambda reason: None}
+                "report_infeasible_instructions": report_infeasible or (lambda reason: None)}
     exec(_ACTION_CODE, ns)  # safe: BrowserGym's own action library, compiled at import
     exec(_EXTRA_ACTION_CODE, ns)  # safe: check/uncheck from the same library
     ns["select_option"] = lambda bid, options: select_options(ns["get_elem_by_bid"](ns["page"], bid), bid, options)
-    missing = [a for a in ACTIONS if a != "noop" and not callable(ns.get(a))]
+    missing = [a for a in WEB_ACTIONS if a != "noop" and not callable(ns.get(a))]
     if missing:
         raise RuntimeError(f"no function for the grammar's actions {missing}")
     return ns

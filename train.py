@@ -7,6 +7,8 @@
     python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm   # the Δ world model
     python train.py --mode judge --transitions runs/transitions.jsonl --out runs/judge   # the dreams' judge
     python train.py --mode dream --init runs/bc/final --real-ratio 0.4           # GSPO in dreams (DynaWeb)
+    torchrun --nproc_per_node 8 train.py --mode real --benchmark webarena-lite --init CKPT --generator vllm \
+        --judge-url http://127.0.0.1:8000/v1          # M-GRPO on hosted WebArena (docs/webarena.md)
 
 --mode bc:   supervised fine-tuning on expert trajectories, loss on action tokens only
              (WebAgent-R1's behaviour-cloning warm-up, Sec. 3.1).
@@ -50,6 +52,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import benchmarks
 import checkpoint
 import compress
 import curriculum
@@ -66,7 +69,8 @@ from runlog import Logger
 # Flags that a resumed run may change (how long, how often, on what machinery); the others define the run.
 # (--epochs: a BC or WM run continued for more passes; its linear decay is then over the new length.)
 RESUMABLE = ("iterations", "epochs", "save_every", "keep_ckpts", "report_every", "eval_every", "eval_seeds", "num_envs",
-             "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory", "log_kl")
+             "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory", "log_kl",
+             "judge_url")
 
 
 def _given(p: argparse.ArgumentParser, argv) -> set[str]:
@@ -155,7 +159,9 @@ def parse_args(argv=None):
     g.add_argument("--judge-trajectories", default="",
                    help="judge: comma-separated trajectory files of real or expert episodes to learn outcomes from "
                         "too (e.g. runs/demos.jsonl), besides --transitions")
-    g.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
+    benchmarks.add_flags(g)
+    g.add_argument("--tasks", default=None, help="comma-separated tasks (default: the benchmark's training tasks: "
+                   "MiniWoB's suite, or the 647 WebArena tasks outside WebArena-Lite)")
     # prompt format: default as the --init checkpoint was trained (its webdream.json), else checkpoint.PROMPT_DEFAULTS
     g.add_argument("--max-steps", type=int, default=None, help="turns per episode (test-time interaction budget; default 6)")
     g.add_argument("--keep-last", type=int, default=None, help="observations kept in full, the current one included (default 1)")
@@ -172,7 +178,8 @@ def parse_args(argv=None):
     g.add_argument("--env-workers", choices=["thread", "process"], default="thread",
                    help="real mode: each browser in a worker thread, or in a process of its own (bench.py --only workers); "
                         "dream mode always uses threads (the world model is shared in-process)")
-    g.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung page ends its episode as env_error")
+    g.add_argument("--step-timeout", type=float, default=None, help="seconds before a hung page ends its episode as "
+                   "env_error (default 60; webarena-lite 150)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
     g.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default 64 with --think, else 32)")
     g.add_argument("--loss", choices=["mgrpo", "gspo"], default=None,
@@ -222,11 +229,23 @@ def parse_args(argv=None):
     args.overrides = _resume_flags(p, args, argv) if args.resume else {}
     args.flags = {k: v for k, v in vars(args).items() if k != "overrides"}  # as given: args.json's record
     # derived values and checks; the prompt format: a run's own checkpoint when resumed, else the one it starts from
-    checkpoint.resolve_prompt_settings(args, (checkpoint.latest_checkpoint(args.out) if args.resume else None) or args.init)
-    args.tasks = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in args.tasks if t not in webenv.TASKS]
-    if unknown:
-        p.error(f"unknown task(s) {unknown}; known MiniWoB tasks include {webenv.SUITE}")
+    checkpoint.resolve_prompt_settings(args, (checkpoint.latest_checkpoint(args.out) if args.resume else None) or args.init,
+                                       benchmarks.prompt_defaults(args.benchmark))
+    benchmarks.configure(args, p.error)  # the sites' variables (webarena-lite), the judge
+    if args.benchmark != "miniwob" and args.mode in ("wm", "judge", "dream"):
+        p.error(f"--mode {args.mode} runs on MiniWoB only: its world model and judge learn from transitions the "
+                f"MiniWoB experts collect (there is no scripted expert for WebArena)")
+    try:
+        sel = benchmarks.select(args.benchmark, args.tasks, "train")  # in-run evals: MiniWoB's tasks, Lite's 165
+        args.eval_tasks = benchmarks.select(args.benchmark, args.tasks if args.benchmark == "miniwob" else None, "eval").tasks
+    except ValueError as e:
+        p.error(str(e))
+    args.tasks = sel.tasks
+    if sel.skipped:
+        print(sel.note(), file=sys.stderr)
+    if not args.tasks and args.mode != "bc":
+        p.error(f"no task left to train on. {sel.note()}")
+    args.step_timeout = args.step_timeout or benchmarks.POOL_STEP_TIMEOUT_S[args.benchmark]
     rl = args.mode in ("real", "dream")
     if rl and args.group_size < 2:
         p.error("--group-size must be at least 2: a group of one has no advantage")
@@ -265,7 +284,7 @@ def parse_args(argv=None):
     if args.clip_high is None:
         args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
     args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                          max_tokens=args.max_prompt_tokens, think=args.think)
+                                          max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark)
     least = _least_budget(args.model if args.tiny else args.init or args.model, args.prompt)
     if least is not None and args.max_prompt_tokens < least:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
@@ -361,13 +380,15 @@ def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int
 
 def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
     """Greedy success on the first --eval-seeds eval seeds of every task (the same episodes every
-    time), each rank a share of them; trajectories to out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
+    time; WebArena-Lite: its test tasks once each), each rank a share of them; trajectories to
+    out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
     import stats
 
-    jobs = [(t, s) for t in args.tasks for s in webenv.eval_seeds(args.eval_seeds)][rank::world]
+    seeds = benchmarks.eval_seeds(args.benchmark, args.eval_seeds if args.benchmark == "miniwob" else 1)
+    jobs = [(t, s) for t in args.eval_tasks for s in seeds][rank::world]
     trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
                                 prompt=args.prompt, progress=rank == 0, desc=f"eval {it}")
-    s = stats.summarise(trajs, args.tasks)["mean"]
+    s = stats.summarise(trajs, args.eval_tasks)["mean"]
     n, k, err = distributed.all_sums([s["n"], s["successes"], s["env_error"]], world)
     if rank == 0:
         os.makedirs(os.path.join(args.out, "evals"), exist_ok=True)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actions
-from actions import ACTIONS, MAX_REPLY_CHARS, ActionParseError, canonical, parse_action, split_action
+from actions import ACTIONS, MAX_REPLY_CHARS, WEB_ACTIONS, ActionParseError, canonical, parse_action, split_action
 
 
 def kind_of(text):
@@ -426,3 +426,54 @@ def test_any_reply_gives_a_canonical_action_or_a_named_error(reply):
         return
     assert parse_action(action) == action
     assert canonical(*split_action(action)) == action
+
+
+# ---------------------------------------------------------------------------------------------
+# the general web's grammar (WEB_ACTIONS): BrowserGym's own navigation, tab and keyboard calls
+
+# BrowserGym's test cases and docstring examples for these actions (browsergym-core 0.14.3:
+# tests/core/test_actions_highlevel.py test_goto, test_fill_type_press, test_key_press; the Examples of
+# browsergym.core.action.functions), one call each: each must parse to the call BrowserGym's own parser reads
+BROWSERGYM_CALLS = [
+    "goto('file:///tests/core/data/input_type/text_input.html')", "goto('http://www.example.com')",  # test_goto
+    "go_back()", "go_forward()",
+    "keyboard_type('Gérard')", "keyboard_insert_text('Jugnot')", "keyboard_press('End')",  # test_fill_type_press
+    "keyboard_down('Shift')", "keyboard_press('Home')", "keyboard_up('Shift')", "keyboard_press('Backspace')",
+    "keyboard_insert_text('Gérard')", "keyboard_type('Jean')", "keyboard_type('Reno')",
+    "keyboard_press('Control+a')", "keyboard_press('Control+c')", "keyboard_press('Control+v')",  # test_key_press
+    "keyboard_press('Meta+a')", "keyboard_press('Meta+c')", "keyboard_press('Meta+v')",
+    "keyboard_press('ControlOrMeta+a')", "keyboard_press('Meta+Shift+t')", "keyboard_up('c')",  # docstrings
+    "keyboard_type('Hello world!')", "keyboard_insert_text('Hello world!')",
+    "new_tab()", "tab_close()", "tab_focus(2)",
+    "send_msg_to_user('Based on the results of my search, the city was built in 1751.')",
+    "report_infeasible('I cannot follow these instructions because there is no email field in this form.')",
+]
+
+
+@pytest.mark.parametrize("call", BROWSERGYM_CALLS)
+def test_browsergym_calls_parse_as_browsergym_parses_them(call):
+    from browsergym.core.action.parsers import highlevel_action_parser
+
+    (name, args), = [tuple(c) for c in highlevel_action_parser.parse_string(call, parse_all=True)]
+    assert parse_action(call, WEB_ACTIONS) == call  # already canonical
+    assert split_action(parse_action(call, WEB_ACTIONS)) == (name, list(args))
+    assert parse_action(f"<think>go on</think>\nOK: {call}", WEB_ACTIONS) == call
+    if name not in ACTIONS:  # MiniWoB's grammar is as it was: not its actions
+        assert kind_of(call) == "unknown_action"
+
+
+def test_web_arguments_are_checked_and_canonical():
+    W = WEB_ACTIONS
+    assert parse_action("tab_focus('1')", W) == "tab_focus(1)"
+    assert parse_action("keyboard_press(key='ctrl+A')", W) == "keyboard_press('Control+A')"
+    assert parse_action('goto(url="http://shop:7770/?q=a b")', W) == "goto('http://shop:7770/?q=a b')"
+    assert parse_action("send_msg_to_user(text='42')", W) == "send_msg_to_user('42')"
+    for bad, kind in [("tab_focus(-1)", "bad_number"), ("tab_focus(1.5)", "bad_number"), ("tab_focus('x')", "bad_number"),
+                      ("keyboard_press('Hyper')", "bad_key"), ("goto('')", "bad_text"), ("goto(['a'])", "bad_text"),
+                      ("go_back(1)", "too_many_args"), ("keyboard_type()", "missing_arg"),
+                      ("mouse_click(1, 2)", "unknown_action"), ("goto('http://x'", "unclosed")]:
+        with pytest.raises(ActionParseError) as info:
+            parse_action(bad, W)
+        assert info.value.kind == kind, bad
+    assert "keyboard_press() got unknown key 'Hyper'" in str(pytest.raises(ActionParseError, parse_action,
+                                                                              "keyboard_press('Hyper')", W).value)

@@ -1,5 +1,6 @@
 """Signal in every batch: the curriculum's weights and dynamic sampling, with fake pages and rewards."""
 import random
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -60,10 +61,11 @@ class MixedPage:
 
 
 class MixedReplies:
-    """A generator: on a mixed page it alternates right and wrong, elsewhere it is always wrong."""
+    """A generator: on a mixed page it alternates right and wrong, per prompt (a group's members share
+    theirs: one right, one wrong, whichever batches the rollout puts them in); elsewhere it is always wrong."""
 
     def __init__(self, tok):
-        self.tok, self.calls = tok, 0
+        self.tok, self.calls = tok, Counter()
 
     def generate(self, prompts, **kw):
         import policy
@@ -71,8 +73,8 @@ class MixedReplies:
         out = []
         for p in prompts:
             mixed = "True" in self.tok.decode(p)
-            self.calls += 1
-            text = "click('1')" if mixed and self.calls % 2 else "click('2')"
+            self.calls[tuple(p)] += 1
+            text = "click('1')" if mixed and self.calls[tuple(p)] % 2 else "click('2')"
             ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
             out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text))
         return out
