@@ -400,6 +400,9 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
     return {"eval/success": k / n if n else 0.0, "eval/ci_low": lo, "eval/ci_high": hi, "eval/n": n, "eval/env_error": err}
 
 
+COLLAPSE_PARSE_ERROR = 0.2  # share of sampled replies that do not parse above which train_real warns (BC: 0.5-7%)
+
+
 def train_real(args, model, tok, opt, gen, logger, it: int, extra: dict, rank: int, world: int, device, ref=None):
     """--mode real (WebAgent-R1): M-GRPO on trajectories collected in real headless Chromium, from
     iteration `it` (0, or the resumed checkpoint's) to args.iterations. Each iteration: groups drawn
@@ -445,7 +448,12 @@ def train_real(args, model, tok, opt, gen, logger, it: int, extra: dict, rank: i
             m["perf/iter_s"] = time.time() - t0
             logger.log(m, it)
             bar.update(1)
-            bar.set_postfix(success=f"{m['rollout/success']:.2f}", kept=f"{int(kept)}/{int(drawn)}")
+            bar.set_postfix(success=f"{m['rollout/success']:.2f}", kept=f"{int(kept)}/{int(drawn)}",
+                            unparsed=f"{m['rollout/parse_error']:.0%}")
+            if rank == 0 and m["rollout/parse_error"] > COLLAPSE_PARSE_ERROR:
+                print(f"warning: iteration {it}: {m['rollout/parse_error']:.0%} of the sampled replies are not an "
+                      f"action (the BC start: a few %); the policy may be collapsing (see docs/rl.md): watch "
+                      f"eval/success (--eval-every), lower --lr or --minibatches", file=sys.stderr)
             if rank == 0 and report.due(args.report_every, it, args.iterations):
                 report.write_run_report(args.out, rolled, it, args.mode)
             state = {"env_steps": env_steps, "curriculum": cur.state()}

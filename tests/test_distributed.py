@@ -46,6 +46,42 @@ for loss, agg in [("mgrpo", "trajectory"), ("mgrpo", "turn"), ("mgrpo", "token")
         err = rel_error(two[0], one[0])
         assert err < 1e-5, (loss, agg, with_nll, err)
         checks += 1
+# the supervised loss (bc) too: replies of uneven lengths, so the ranks' target tokens differ; SGD (the LR
+# schedule needs a torch optimizer) records each step's gradient before stepping
+import json, os, shutil, tempfile
+import runlog, supervised, train
+
+class SGDRecorder(torch.optim.SGD):
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.steps = []
+
+    def step(self, closure=None):
+        self.steps.append({i: p.grad.detach().clone() for i, p in enumerate(self.param_groups[0]["params"])})
+        return super().step(closure)
+
+tmp = tempfile.mkdtemp()
+demos = os.path.join(tmp, "demos.jsonl")
+with open(demos, "w") as f:
+    for i in range(4):  # 0, 1, 4 and 9 repeats: every split over two ranks has uneven token counts
+        reply = "<think>" + "the OK button " * (i * i) + "</think>click('12')"
+        f.write(json.dumps({"task": "click-button", "seed": i, "success": True, "reward": 1.0, "env_error": False,
+                            "turns": [{"observation": PAGE, "action": "click('12')", "response": reply}]}) + "\n")
+
+def bc_grads(rank_, world_, out):
+    args = train.parse_args(["--mode", "bc", "--tiny", "--demos", demos, "--tasks", "click-button", "--batch-size", "4",
+                             "--micro-batch", "1", "--epochs", "1", "--out", out, "--max-grad-norm", "1e12"])
+    model = policy.tiny_model(tok)
+    opt = SGDRecorder(model.parameters(), lr=1e-3)
+    supervised.train_supervised(args, model, tok, opt, runlog.Logger(out, enabled=False), 0, rank_, world_, "cpu")
+    return opt.steps
+
+two, one = bc_grads(rank, world, os.path.join(tmp, "two")), bc_grads(0, 1, os.path.join(tmp, "one"))
+assert len(two) == len(one) == 1, (len(two), len(one))
+err = rel_error(two[0], one[0])
+assert err < 1e-5, ("bc", err)
+checks += 1
+shutil.rmtree(tmp, ignore_errors=True)
 # the bucketed all-reduce sums: a tiny bucket size (many buckets) gives the same sum as one bucket
 model = policy.tiny_model(tok)
 for p in model.parameters():
@@ -63,4 +99,4 @@ def test_two_ranks_with_uneven_shares_give_the_single_process_gradient(tmp_path)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         str(script)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.stdout.count("DIST-CHECK-OK") == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "DIST-CHECK-OK 0 8" in r.stdout
+    assert "DIST-CHECK-OK 0 9" in r.stdout

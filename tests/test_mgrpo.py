@@ -37,6 +37,25 @@ def test_token_weights_each_trajectory_counts_equally():
     assert abs(float(w.sum()) - 1.0) < 1e-6
 
 
+def test_token_weights_turn_and_token_modes_by_hand():
+    # trajectory 0: two turns with 2 and 1 action tokens and a turn without a reply; trajectory 1: one
+    # turn with 4 tokens. Turn mode: each trajectory 1/N, each of its turns with a reply the same share
+    # of it (1/T_i), spread evenly over that turn's tokens. Token mode: each action token 1/7.
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    idx = torch.tensor([0, 0, 0, 1])
+    w = mgrpo.token_weights(mask, idx, "turn")
+    assert torch.allclose(w[0], torch.tensor([1 / 8, 1 / 8, 0, 0]))  # 1 / (N=2 * T=2 * 2 tokens)
+    assert torch.allclose(w[1], torch.tensor([1 / 4, 0, 0, 0]))  # 1 / (2 * 2 * 1): the short turn weighs the same
+    assert torch.allclose(w[2], torch.zeros(4)) and torch.allclose(w[3], torch.full((4,), 1 / 8))  # 1 / (2 * 1 * 4)
+    assert abs(float(w.sum()) - 1.0) < 1e-6
+    assert torch.allclose(mgrpo.token_weights(mask, idx, "token"), mask / 7)
+    # the global counts of a batch spread over ranks (N = 4 trajectories, 14 action tokens) replace the local ones
+    assert torch.allclose(mgrpo.token_weights(mask, idx, "turn", num_traj=4), w / 2)
+    assert torch.allclose(mgrpo.token_weights(mask, idx, "token", num_tokens=14), mask / 14)
+    assert torch.allclose(mgrpo.token_weights(mask, idx, "trajectory", num_traj=4),
+                          mgrpo.token_weights(mask, idx, "trajectory") / 2)
+
+
 def test_empty_mask_trajectory_is_skipped_not_nan():
     w = mgrpo.token_weights(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), torch.tensor([0, 1]))
     assert torch.isfinite(w).all() and torch.allclose(w, torch.tensor([[0.0, 0.0], [0.5, 0.5]]))

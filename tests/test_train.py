@@ -273,3 +273,23 @@ def test_real_mode_resume_restores_the_rng(tmp_path, monkeypatch):
     a = load_file(os.path.join(whole, "final", "model.safetensors"))
     b = load_file(os.path.join(cut, "final", "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("loss", ["mgrpo", "gspo"])
+def test_the_clip_flags_reach_the_loss_each_on_its_own_side(tok, monkeypatch, loss):
+    # --clip-low 0.1 --clip-high 0.3 (asymmetric): the loss is called with them, not swapped on the way
+    import gspo
+    import mgrpo
+    import policy
+    from grads import update_grads
+
+    module, seen = (mgrpo if loss == "mgrpo" else gspo), []
+    real = getattr(module, f"{loss}_loss")
+
+    def spy(*a, **kw):
+        seen.append((kw["clip_low"], kw["clip_high"]))
+        return real(*a, **kw)
+    monkeypatch.setattr(module, f"{loss}_loss", spy)
+    trajs = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"], PAGE)]
+    update_grads(policy.tiny_model(tok), tok, trajs, "--loss", loss, "--clip-low", "0.1", "--clip-high", "0.3")
+    assert seen and set(seen) == {(0.1, 0.3)}, seen

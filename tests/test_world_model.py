@@ -346,6 +346,7 @@ def test_prompt_budget_cuts_the_tree_from_its_end(tok):
     cut = wm.wm_prompt(tok, t["goal"], t["obs"], t["action"], max_tokens=len(full) - 20)
     assert len(cut) <= len(full) - 20
     assert tok.decode(cut).endswith("Action: " + t["action"] + "<|im_end|>\n<|im_start|>assistant\n")
+    assert f"Goal: {t['goal']}\nURL: " in tok.decode(cut)  # the goal is not cut with the tree
     # a tree of 40 numbered lines and a budget that holds about half of them: the first lines stay, whole
     # and in order, the last go
     lines = [f"[{100 + i}] button 'line number {i}'" for i in range(40)]
@@ -354,7 +355,8 @@ def test_prompt_budget_cuts_the_tree_from_its_end(tok):
     text = tok.decode(wm.wm_prompt(tok, "Click no.", obs, "click('100')", max_tokens=len(full) * 2 // 3))
     shown = [line for line in lines if line in text]
     assert 5 < len(shown) < 35 and shown == lines[:len(shown)]
-    assert f"URL: miniwob/a.html\n{chr(10).join(shown)}\nAction: click('100')" in text
+    # the goal, the URL and the action survive the cut, around the lines kept
+    assert f"Goal: Click no.\nURL: miniwob/a.html\n{chr(10).join(shown)}\nAction: click('100')" in text
 
 
 def test_predict_and_evaluate_with_a_forced_model(tok):
