@@ -96,7 +96,8 @@ def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
 
     logp, old_logp: (M, L) log-probs of the action tokens under pi and pi_old (old is detached);
     advantages: (M,) the advantage of each sample's trajectory; weights: (M, L) from
-    `token_weights` (0 off action tokens; they carry the aggregation). ref_logp: (M, L) reference log-probs for the KL term.
+    `token_weights` (0 off action tokens; they carry the aggregation). ref_logp: (M, L) reference log-probs:
+    the KL is reported whenever they are given, and enters the loss only with kl_coef > 0.
     Returns (scalar loss, stats) where stats hold weighted means of the ratio, the clip fraction
     and the KL, as floats.
     """
@@ -106,10 +107,11 @@ def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     surr = torch.minimum(ratio * A, ratio.clamp(1 - clip_low, 1 + clip_high) * A)  # (M, L)
     per_token = -surr
     kl = torch.zeros_like(logp)
-    if ref_logp is not None and kl_coef > 0:
+    if ref_logp is not None:  # logged whenever a reference is given; a penalty only with kl_coef > 0
         d = (ref_logp - logp).clamp(-20.0, 20.0)
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || pi_ref), >= 0
-        per_token = per_token + kl_coef * kl
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl
     loss = (per_token * weights).sum()
     with torch.no_grad():
         wsum = weights.sum().clamp(min=1e-12)

@@ -90,6 +90,9 @@ def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
     ref = torch.log(torch.tensor([[0.25]]))  # d = log(0.5): k3 = 0.5 - log 0.5 - 1 = 0.193147
     l1, s1 = mgrpo.mgrpo_loss(logp, logp, torch.tensor([0.0]), w, ref_logp=ref, kl_coef=0.1)
     assert abs(s1["kl"] - (0.5 - math.log(0.5) - 1)) < 1e-6 and abs(float(l1) - 0.1 * s1["kl"]) < 1e-6
+    # kl_coef 0 with a reference (train.py --log-kl): the KL is reported, the loss has no penalty
+    l2, s2 = mgrpo.mgrpo_loss(logp, logp, torch.tensor([0.0]), w, ref_logp=ref, kl_coef=0.0)
+    assert abs(s2["kl"] - s1["kl"]) < 1e-9 and float(l2) == 0.0
 
 
 def test_asymmetric_clip_bounds_by_hand():
