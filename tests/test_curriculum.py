@@ -1,5 +1,6 @@
 """Signal in every batch: the curriculum's weights and dynamic sampling, with fake pages and rewards."""
 import random
+import threading
 from collections import Counter
 from types import SimpleNamespace
 
@@ -41,18 +42,26 @@ def test_weights_follow_each_tasks_share_of_groups_with_signal():
 
 
 class MixedPage:
-    """One step; reward 1 for click('1'). Seeds divisible by 3 are 'mixed' pages (the replies there vary)."""
+    """One step; reward for click('1'). Seeds divisible by 3 are 'mixed' pages: there the k-th reset of a
+    seed (over all envs) is rewarded only for even k, so a group's G = 2 members (two consecutive resets of
+    its seed, whichever envs and threads run them, in whatever order) get one 1 and one 0; elsewhere a
+    reply earns nothing. (The draws are seeded, so no seed repeats within a collect in these tests.)"""
+
+    resets: Counter = Counter()
+    lock = threading.Lock()
 
     def __init__(self, task):
         self.task = task
 
     def reset(self, seed, task=None):
-        self.seed = seed
-        return SimpleNamespace(text=f"Goal: click one\nURL: fake.html\n[1] button 'one' {seed % 3 == 0}", goal="x",
-                               env_error=False)
+        with MixedPage.lock:
+            self.k = MixedPage.resets[seed]
+            MixedPage.resets[seed] += 1
+        self.mixed = seed % 3 == 0
+        return SimpleNamespace(text=f"Goal: click one\nURL: fake.html\n[1] button 'one'", goal="x", env_error=False)
 
     def step(self, text):
-        ok = "click('1')" in text
+        ok = "click('1')" in text and self.mixed and self.k % 2 == 0
         info = {"action": text, "error": "", "success": ok, "env_error": False}
         return SimpleNamespace(text="", goal="x", env_error=False), float(ok), True, info
 
@@ -61,23 +70,16 @@ class MixedPage:
 
 
 class MixedReplies:
-    """A generator: on a mixed page it alternates right and wrong, per prompt (a group's members share
-    theirs: one right, one wrong, whichever batches the rollout puts them in); elsewhere it is always wrong."""
+    """A generator that always answers click('1') (whether it earns a reward is the page's business)."""
 
     def __init__(self, tok):
-        self.tok, self.calls = tok, Counter()
+        self.tok = tok
 
     def generate(self, prompts, **kw):
         import policy
 
-        out = []
-        for p in prompts:
-            mixed = "True" in self.tok.decode(p)
-            self.calls[tuple(p)] += 1
-            text = "click('1')" if mixed and self.calls[tuple(p)] % 2 else "click('2')"
-            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
-            out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=text))
-        return out
+        ids = self.tok.encode("click('1')", add_special_tokens=False) + [self.tok.eos_token_id]
+        return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text="click('1')") for _ in prompts]
 
     def push_weights(self, model):
         pass
@@ -88,9 +90,11 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_have_signal(tok, cap)
     args = train.parse_args(["--mode", "real", "--tasks", "click-button", "--groups-per-iter", "4", "--group-size", "2",
                              "--dynamic-sampling", str(cap), "--max-new-tokens", "8"])
     cur = curriculum.Curriculum(args.tasks, args.group_size)
+    MixedPage.resets.clear()
     pool = EnvPool(MixedPage, tok, num_envs=4)
     try:
         kept, rolled, counts = train.collect(args, cur, MixedReplies(tok), tok, pool, 0, 0, 1)
+        assert len({t["seed"] for t in rolled}) == len(rolled) // 2  # (no seed drawn twice: see MixedPage)
     finally:
         pool.close()
     groups = [kept[k:k + 2] for k in range(0, len(kept), 2)]
@@ -108,9 +112,12 @@ def test_dynamic_sampling_stops_at_its_cap(tok):
     args = train.parse_args(["--mode", "real", "--tasks", "click-button", "--groups-per-iter", "2", "--group-size", "2",
                              "--dynamic-sampling", "2", "--max-new-tokens", "8"])
 
-    class Wrong(MixedReplies):
+    class Wrong(MixedReplies):  # never the rewarded action: no group has signal
         def generate(self, prompts, **kw):
-            return super().generate([self.tok.encode("nothing mixed here")] * len(prompts))
+            import policy
+
+            ids = self.tok.encode("click('2')", add_special_tokens=False) + [self.tok.eos_token_id]
+            return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text="click('2')") for _ in prompts]
     pool = EnvPool(MixedPage, tok, num_envs=2)
     try:
         kept, rolled, counts = train.collect(args, curriculum.Curriculum(args.tasks, 2), Wrong(tok), tok, pool, 0, 0, 1)
