@@ -33,14 +33,24 @@ from __future__ import annotations
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, groups: list, *, std_floor: float = 1e-2) -> tuple[torch.Tensor, float]:
+def group_advantages(rewards: torch.Tensor, groups: list, *, std_floor: float = 1e-2,
+                     neg_weight: float = 1.0) -> tuple[torch.Tensor, float]:
     """Group-normalised advantages.
 
     rewards: (N,) float, one per trajectory; groups: N hashable group keys (task, seed).
     Returns (advantages (N,), share of trajectories in zero-variance groups). A group whose
     rewards are all equal gets exactly 0 (its numerator is 0); the floor on the std keeps a
     group whose rewards differ by a hair from blowing up.
+
+    neg_weight: negative advantages are multiplied by it after normalisation (1: GRPO as written;
+    0: only the group's better trajectories are reinforced, as in rejection-sampling fine-tuning;
+    between: the positive/negative sample reinforcement split of Zhu et al. 2025, "The Surprising
+    Effectiveness of Negative Reinforcement in LLM Reasoning", here weighting the negative side).
+    Pushing a sampled token down moves its mass to every other token, unseen garbage included;
+    docs/rl.md has what this measured. Errors: ValueError when neg_weight < 0.
     """
+    if neg_weight < 0:
+        raise ValueError(f"neg_weight must be >= 0, got {neg_weight}")
     adv = torch.zeros_like(rewards, dtype=torch.float32)
     zero_var = 0
     keys = {}
@@ -53,6 +63,8 @@ def group_advantages(rewards: torch.Tensor, groups: list, *, std_floor: float = 
             zero_var += len(idx)
             continue  # exactly 0, not (r - mean) / floor which could carry rounding noise
         adv[idx] = ((r - r.mean()) / torch.clamp(std, min=std_floor)).float()
+    if neg_weight != 1.0:
+        adv = torch.where(adv < 0, adv * neg_weight, adv)
     return adv, zero_var / max(1, len(groups))
 
 

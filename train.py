@@ -190,6 +190,9 @@ def parse_args(argv=None):
     g.add_argument("--log-kl", action="store_true",
                    help="log loss/kl, the k3 KL of the trained tokens to the start checkpoint, without a penalty (a "
                         "collapse guard; loads the reference model: one more forward pass per update)")
+    g.add_argument("--neg-adv-weight", type=float, default=1.0,
+                   help="multiply negative group advantages by this (1: GRPO; 0: reinforce only a group's better "
+                        "trajectories; mgrpo.group_advantages, docs/rl.md)")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
     g.add_argument("--aggregation", choices=["trajectory", "turn", "token"], default="trajectory",
@@ -249,6 +252,8 @@ def parse_args(argv=None):
     rl = args.mode in ("real", "dream")
     if rl and args.group_size < 2:
         p.error("--group-size must be at least 2: a group of one has no advantage")
+    if args.neg_adv_weight < 0:
+        p.error("--neg-adv-weight must be >= 0")
     if rl and args.temperature <= 0:
         p.error("--temperature must be > 0 in RL: it samples, and log-probs divide by it")
     if not 0.0 <= args.real_ratio <= 1.0:
@@ -310,7 +315,8 @@ def _least_budget(model: str, prompt: compress.PromptSettings) -> int | None:
 def update_config(args) -> update.UpdateConfig:
     """The policy update's knobs from the flags."""
     return update.UpdateConfig(loss=args.loss, aggregation=args.aggregation, clip_low=args.clip_low,
-                               clip_high=args.clip_high, kl_coef=args.kl_coef, ppo_epochs=args.ppo_epochs,
+                               clip_high=args.clip_high, kl_coef=args.kl_coef,
+                               neg_adv_weight=args.neg_adv_weight, ppo_epochs=args.ppo_epochs,
                                minibatches=args.minibatches, micro_batch=args.micro_batch,
                                temperature=args.temperature, max_grad_norm=args.max_grad_norm, bf16=bool(args.bf16))
 

@@ -47,6 +47,7 @@ class UpdateConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0             # M-GRPO's k3 penalty to the reference model (needs ref)
+    neg_adv_weight: float = 1.0      # negative group advantages are multiplied by it (mgrpo.group_advantages)
     ppo_epochs: int = 1              # passes over the batch
     minibatches: int = 1             # optimizer steps per pass
     micro_batch: int = 8             # samples (turns) per forward pass
@@ -123,7 +124,8 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
     nll = nll or []
     valid = [t for t in trajectories if records.trainable(t)]
     rewards = torch.tensor([t["reward"] for t in valid], dtype=torch.float32)
-    adv, zero_var_share = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in valid])
+    adv, zero_var_share = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in valid],
+                                                 neg_weight=cfg.neg_adv_weight)
     for i, t in enumerate(valid):
         if "advantage" in t:
             adv[i] = float(t["advantage"])

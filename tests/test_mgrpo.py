@@ -1,6 +1,7 @@
 """M-GRPO numbers checked against values computed by hand."""
 import math
 
+import pytest
 import torch
 
 import mgrpo
@@ -19,6 +20,18 @@ def test_advantages_by_hand():
     assert torch.allclose(adv[:4], torch.tensor([0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s]))
     assert adv[:4].tolist()[0] > 1.73 and adv[4:].tolist() == [0.0, 0.0]
     assert zero == 2 / 6
+
+
+def test_negative_advantages_are_weighted_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    s = math.sqrt(0.1875)
+    adv, _ = mgrpo.group_advantages(r, ["a", "a", "a", "a", "b", "b"], neg_weight=0.1)
+    assert torch.allclose(adv[:4], torch.tensor([0.75 / s, -0.025 / s, -0.025 / s, -0.025 / s]))
+    assert adv[4:].tolist() == [0.0, 0.0]
+    adv0, _ = mgrpo.group_advantages(r, ["a", "a", "a", "a", "b", "b"], neg_weight=0.0)
+    assert adv0.tolist()[1:] == [0.0] * 5 and adv0.tolist()[0] > 1.73
+    with pytest.raises(ValueError):
+        mgrpo.group_advantages(r, ["a"] * 6, neg_weight=-1.0)
 
 
 def test_std_floor_keeps_tiny_differences_finite():
