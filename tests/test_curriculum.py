@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 import curriculum
+import real
 import train
 from rollout import EnvPool
 
@@ -93,7 +94,7 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_have_signal(tok, cap)
     MixedPage.resets.clear()
     pool = EnvPool(MixedPage, tok, num_envs=4)
     try:
-        kept, rolled, counts = train.collect(args, cur, MixedReplies(tok), tok, pool, 0, 0, 1)
+        kept, rolled, counts = real.collect(args, cur, MixedReplies(tok), tok, pool, 0, 0, 1)
         assert len({t["seed"] for t in rolled}) == len(rolled) // 2  # (no seed drawn twice: see MixedPage)
     finally:
         pool.close()
@@ -120,7 +121,7 @@ def test_dynamic_sampling_stops_at_its_cap(tok):
             return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text="click('2')") for _ in prompts]
     pool = EnvPool(MixedPage, tok, num_envs=2)
     try:
-        kept, rolled, counts = train.collect(args, curriculum.Curriculum(args.tasks, 2), Wrong(tok), tok, pool, 0, 0, 1)
+        kept, rolled, counts = real.collect(args, curriculum.Curriculum(args.tasks, 2), Wrong(tok), tok, pool, 0, 0, 1)
     finally:
         pool.close()
     assert kept == [] and counts["groups_drawn"] == 4 and counts["groups_kept"] == 0  # 2 x 2 groups, then it stops

@@ -293,3 +293,44 @@ def test_the_clip_flags_reach_the_loss_each_on_its_own_side(tok, monkeypatch, lo
     trajs = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"], PAGE)]
     update_grads(policy.tiny_model(tok), tok, trajs, "--loss", loss, "--clip-low", "0.1", "--clip-high", "0.3")
     assert seen and set(seen) == {(0.1, 0.3)}, seen
+
+
+def test_in_run_greedy_evaluations_run_on_the_same_eval_episodes_when_due(tmp_path, monkeypatch):
+    # --eval-every 2 over 2 iterations: greedy evaluations before training (step 0) and after
+    # iteration 2, not after iteration 1; each on the first --eval-seeds eval seeds of every task.
+    # The scripted generator answers a prompt's first start with the expert and its second with a
+    # wrong reply, so the same episode evaluated twice reads 1, then 0.
+    import benchmarks
+    import generators
+    import scripted_train
+    import train
+
+    monkeypatch.setattr(generators, "make_generator", scripted_train.make_generator("alternate"))
+    out = str(tmp_path / "real")
+    train.main(["--mode", "real", "--tiny", "--out", out, "--tasks", "click-button", "--iterations", "2",
+                "--groups-per-iter", "1", "--group-size", "2", "--max-steps", "1", "--num-envs", "1",
+                "--report-every", "0", "--eval-every", "2", "--eval-seeds", "1", "--dynamic-sampling", "0"])
+    ms = metrics(out)
+    assert [(m["step"], m.get("eval/success")) for m in ms] == [(0, 1.0), (1, None), (2, 0.0)]
+    assert [m["eval/n"] for m in ms if "eval/n" in m] == [1.0, 1.0]
+    assert sorted(os.listdir(os.path.join(out, "evals"))) == ["iter-000000.jsonl", "iter-000002.jsonl"]
+    seed = benchmarks.eval_seeds("miniwob", 1)[0]
+    for name, success in (("iter-000000.jsonl", True), ("iter-000002.jsonl", False)):
+        (t,) = read_jsonl(os.path.join(out, "evals", name))
+        assert (t["task"], t["seed"], t["success"]) == ("click-button", seed, success)
+        assert t["turns"] and all("prompt_ids" not in u for u in t["turns"])
+
+
+def test_the_negative_advantage_weight_reaches_the_update(tok):
+    # --neg-adv-weight 0.25 on a group with rewards 1/0 (advantages +1/-1): the same gradient as the
+    # group's advantages given by hand as +1 and -0.25
+    import policy
+    from grads import rel_error, update_grads
+
+    model = policy.tiny_model(tok)
+    group = [trajectory(tok, 0, 1.0, ["click('12')"], PAGE), trajectory(tok, 0, 0.0, ["click('13')"], PAGE)]
+    (g,), _ = update_grads(model, tok, [dict(t) for t in group], "--neg-adv-weight", "0.25")
+    (by_hand,), _ = update_grads(model, tok, [dict(group[0], advantage=1.0), dict(group[1], advantage=-0.25)])
+    (plain,), _ = update_grads(model, tok, [dict(t) for t in group])
+    assert rel_error(g, by_hand) < 1e-5
+    assert rel_error(plain, by_hand) > 0.1
