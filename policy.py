@@ -234,19 +234,14 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
     results: dict[int, Sample] = {}
     for chunk in chunks:
         distinct_prompts = [p for p, _ in chunk]
-        k = 0  # the chunk's common prefix (the system prompt at least) runs once, beside share_prefill's copies
-        if share_prefill and len(chunk) > 1:
-            k = min(common_prefix_len(distinct_prompts), min(len(p) for p in distinct_prompts) - 1)
-            k = k if k >= MIN_SHARED_PREFIX else 0
+        # the chunk's common prefix (the system prompt at least) runs once, beside share_prefill's copies
+        k = shared_prefix_len(distinct_prompts) if share_prefill else 0
         ids, mask = left_pad([p[k:] for p in distinct_prompts], pad)
         ids, mask = ids.to(device), mask.to(device)
         extra = {}
         if k:
             with autocast(device, bf16):
-                pre = model(input_ids=torch.tensor([distinct_prompts[0][:k]], device=device), use_cache=True,
-                            logits_to_keep=1)
-            extra[cache_kw] = _cache_of(pre)
-            extra[cache_kw].batch_repeat_interleave(len(chunk))
+                extra[cache_kw] = prefix_cache(model, distinct_prompts[0][:k], len(chunk))
         positions = k + position_ids(mask)
         mask = torch.cat([torch.ones((len(chunk), k), dtype=mask.dtype, device=device), mask], 1)
         with autocast(device, bf16):
@@ -340,6 +335,27 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
     return n
 
 
+def shared_prefix_len(prompts: list[list[int]]) -> int:
+    """How many leading tokens a batch of prompts can run once for all: their common prefix, less
+    one so that every row keeps a token of its own, or 0 when that is under MIN_SHARED_PREFIX or
+    there are fewer than two prompts."""
+    if len(prompts) < 2:
+        return 0
+    k = min(common_prefix_len(prompts), min(len(p) for p in prompts) - 1)
+    return k if k >= MIN_SHARED_PREFIX else 0
+
+
+def prefix_cache(model, prefix: list[int], n: int):
+    """The KV cache of one forward pass over `prefix` (a token id list), repeated for n rows: what
+    the rows that share it continue from (position ids and attention mask must count its len(prefix)
+    tokens). Differentiable when autograd is on: the prefix's gradient is the rows' sum."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
+    cache = _cache_of(out)
+    cache.batch_repeat_interleave(n)
+    return cache
+
+
 def reply_logprobs(model, prompts: list[list[int]], replies: list[list[int]], pad_id: int, *,
                    temperature: float = 1.0, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Log-probs of each reply's tokens after its prompt, for training and pi_old / reference scoring.
@@ -354,20 +370,16 @@ def reply_logprobs(model, prompts: list[list[int]], replies: list[list[int]], pa
     """
     device = next(model.parameters()).device
     B = len(prompts)
-    k = 0
     ckpt = getattr(model, "is_activation_checkpointing", None)  # (transformers >= 5.2x; is_gradient_checkpointing before)
     if ckpt is None:
         ckpt = getattr(model, "is_gradient_checkpointing", False)
-    if share_prefix and B > 1 and not ckpt:
-        k = min(common_prefix_len(prompts), min(len(p) for p in prompts) - 1)  # each row keeps a prompt token
-    if k < MIN_SHARED_PREFIX:
+    k = shared_prefix_len(prompts) if share_prefix and not ckpt else 0
+    if not k:
         ids, mask, rm, L = response_batch(prompts, replies, pad_id)
         return token_logprobs(model, ids.to(device), mask.to(device), L, temperature=temperature), rm.to(device), L
     ids, mask, rm, L = response_batch([p[k:] for p in prompts], replies, pad_id)  # the rows' own parts
     ids, mask = ids.to(device), mask.to(device)
-    pre = model(input_ids=torch.tensor([prompts[0][:k]], device=device), use_cache=True, logits_to_keep=1)
-    cache = _cache_of(pre)
-    cache.batch_repeat_interleave(B)  # (differentiable: the prefix's gradient is the rows' sum)
+    cache = prefix_cache(model, prompts[0][:k], B)  # (differentiable: the prefix's gradient is the rows' sum)
     full = torch.cat([torch.ones((B, k), dtype=mask.dtype, device=device), mask], 1)  # (B, k + T)
     out = model(input_ids=ids, attention_mask=full, position_ids=k + position_ids(mask), logits_to_keep=L + 1,
                 use_cache=True, **{_cache_kwarg(model): cache})
