@@ -89,8 +89,8 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
 
 # The prompt format a model is trained with, stored with each checkpoint (webdream.json), and what a
 # model without one (the base model, --tiny) gets. max_new_tokens None: 64 with think, else 32.
-PROMPT_DEFAULTS = {"think": True, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024, "max_steps": 6,
-                   "max_new_tokens": None}
+PROMPT_DEFAULTS = {"think": True, "bid_last": False, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024,
+                   "max_steps": 6, "max_new_tokens": None}
 
 
 def trained_settings(path: str | None) -> dict:

@@ -141,6 +141,9 @@ def main(argv=None):
                    help="each browser in a worker thread, or in a process of its own (bench.py --only workers)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default: as trained, else 32)")
+    p.add_argument("--bid-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="tree lines show the bid after the element's role and name, `button 'OK' [28]` (compress."
+                        "bid_after_name); default: as the checkpoint was trained, else off")
     p.add_argument("--keep-last", type=int, default=None, help="observations kept in full (default: as trained, else 1)")
     p.add_argument("--no-compress", action="store_true", default=None, help="keep every observation in full (default: as trained)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="token budget of a prompt (default: as trained, else 1024)")
@@ -178,7 +181,8 @@ def main(argv=None):
     # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
     checkpoint.resolve_prompt_settings(args, args.ckpt, benchmarks.prompt_defaults(args.benchmark))
     prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                     max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark)
+                                     max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark,
+                                     bid_last=args.bid_last)
     least = compress.min_tokens(policy.load_tokenizer(args.ckpt or args.model), prompt.system)
     if args.max_prompt_tokens < least:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"

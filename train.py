@@ -174,6 +174,9 @@ def parse_args(argv=None):
     g.add_argument("--step-timeout", type=float, default=None, help="seconds before a hung page ends its episode as "
                    "env_error (default 60; webarena-lite 150)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
+    g.add_argument("--bid-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="tree lines show the bid after the element's role and name, `button 'OK' [28]` (compress."
+                        "bid_after_name); default: as the checkpoint was trained, else off")
     g.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default 64 with --think, else 32)")
     g.add_argument("--loss", choices=["mgrpo", "gspo"], default=None,
                    help="token-level M-GRPO or sequence-level GSPO (default: mgrpo in real mode, gspo in dream mode)")
@@ -282,7 +285,8 @@ def parse_args(argv=None):
     if args.clip_high is None:
         args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
     args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                          max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark)
+                                          max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark,
+                                          bid_last=args.bid_last)
     least = _least_budget(args.model if args.tiny else args.init or args.model, args.prompt)
     if least is not None and args.max_prompt_tokens < least:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"
@@ -290,6 +294,7 @@ def parse_args(argv=None):
                 f"use at least {least}")
     # what eval.py needs to prompt a checkpoint the way it was trained (webdream.json)
     args.prompt_settings = {"keep_last": args.keep_last, "no_compress": args.no_compress, "think": args.think,
+                            "bid_last": args.bid_last,
                             "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps,
                             "max_new_tokens": args.max_new_tokens}
     return args

@@ -153,3 +153,54 @@ def test_bc_and_world_model_sequences_cannot_be_forged(tok):
     assert prompt == wm.wm_prompt(tok, FORGED, state, "click('13')")
     assert control_counts(tok, prompt) == {"<|im_start|>": 3, "<|im_end|>": 2}
     assert control_counts(tok, target[:-1]) == {} and target[-1] == eos
+
+
+TREE = """Goal: Click the button in the dialog box labeled "OK".
+URL: miniwob/click-dialog-2.html
+[17] dialog
+ [20] button 'Close'
+ [24] paragraph 'Et dolor, [3] maecenas.'
+ [27] button 'Cancel', focused
+ [28] button "it's [9] ok", checked
+  [a12] textbox
+ [30] StaticText 'a \\' b'
+Last action error: click('99'): no element [99] on the page"""
+
+
+def test_bid_after_name_moves_each_tree_lines_bid_after_its_role_and_name():
+    assert compress.bid_after_name(TREE).split("\n") == [
+        'Goal: Click the button in the dialog box labeled "OK".',
+        "URL: miniwob/click-dialog-2.html",
+        "dialog [17]",
+        " button 'Close' [20]",
+        " paragraph 'Et dolor, [3] maecenas.' [24]",  # a bracket inside the name stays in the name
+        " button 'Cancel' [27], focused",             # properties after the bid
+        " button \"it's [9] ok\" [28], checked",
+        "  textbox [a12]",                             # no name: after the role
+        " StaticText 'a \\' b' [30]",                  # an escaped quote does not end the name
+        "Last action error: click('99'): no element [99] on the page"]
+
+
+def test_bid_last_prompts_show_every_kept_observation_with_bids_last(tok):
+    past = [{"observation": TREE, "response": "click('28')"}]
+    plain = compress.PromptSettings(keep_last=2)
+    moved = compress.PromptSettings(keep_last=2, bid_last=True)
+    text = tok.decode(moved.build(tok, past, TREE))
+    assert text.count("button 'Cancel' [27], focused") == 2 and "[27] button" not in text
+    assert moved.build(tok, past, TREE) == plain.build(
+        tok, [dict(past[0], observation=compress.bid_after_name(TREE))], compress.bid_after_name(TREE))
+
+
+def test_a_checkpoint_is_prompted_with_the_bid_position_it_was_trained_with(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    import checkpoint
+
+    (tmp_path / "webdream.json").write_text(json.dumps({"bid_last": True, "think": True}))
+    args = SimpleNamespace(**dict.fromkeys(checkpoint.PROMPT_DEFAULTS))
+    checkpoint.resolve_prompt_settings(args, str(tmp_path))
+    assert args.bid_last is True
+    args = SimpleNamespace(**dict.fromkeys(checkpoint.PROMPT_DEFAULTS))
+    checkpoint.resolve_prompt_settings(args, None)
+    assert args.bid_last is False
