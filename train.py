@@ -55,6 +55,7 @@ import compress
 import distributed
 import generators
 import policy
+import real
 import update
 from runlog import Logger
 
@@ -390,8 +391,6 @@ def main(argv=None):
             dream.train_dream(args, model, tok, opt, gen, logger, update_config(args), step, extra, rank, world, device,
                               ref=ref)
         else:
-            import real
-
             real.train_real(args, model, tok, opt, gen, logger, update_config(args), step, extra, rank, world, device,
                             ref=ref)
     finally:
