@@ -89,7 +89,7 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
 
 # The prompt format a model is trained with, stored with each checkpoint (webdream.json), and what a
 # model without one (the base model, --tiny) gets. max_new_tokens None: 64 with think, else 32.
-PROMPT_DEFAULTS = {"think": True, "bid_last": False, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024,
+PROMPT_DEFAULTS = {"think": True, "bid_last": True, "keep_last": 1, "no_compress": False, "max_prompt_tokens": 1024,
                    "max_steps": 6, "max_new_tokens": None}
 
 
@@ -99,7 +99,9 @@ def trained_settings(path: str | None) -> dict:
     if not f or not os.path.exists(f):
         return {}
     with open(f) as fh:
-        return {k: v for k, v in json.load(fh).items() if k in PROMPT_DEFAULTS}
+        saved = json.load(fh)
+    # checkpoints written before the bid_last setting existed were trained with the bid first
+    return {"bid_last": False} | {k: v for k, v in saved.items() if k in PROMPT_DEFAULTS}
 
 
 def resolve_prompt_settings(args, path: str | None, defaults: dict | None = None) -> None:

@@ -201,7 +201,8 @@ class PromptSettings:
     max_tokens: int = 1024    # the prompt's token budget
     think: bool = False       # ask for a <think> block before the action (THINK_SYSTEM_PROMPT)
     benchmark: str = "miniwob"  # whose system prompt (SYSTEM_PROMPTS): the actions it lists
-    bid_last: bool = False    # tree lines show the bid after the element's role and name (bid_after_name)
+    bid_last: bool = False    # tree lines show the bid after the element's role and name (bid_after_name; train.py
+                              # and eval.py default to it: checkpoint.PROMPT_DEFAULTS)
 
     @property
     def system(self) -> str:

@@ -143,7 +143,8 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default: as trained, else 32)")
     p.add_argument("--bid-last", action=argparse.BooleanOptionalAction, default=None,
                    help="tree lines show the bid after the element's role and name, `button 'OK' [28]` (compress."
-                        "bid_after_name); default: as the checkpoint was trained, else off")
+                        "bid_after_name; docs/rl.md); default: as the checkpoint was trained, else on; "
+                        "--no-bid-last: `[28] button 'OK'`")
     p.add_argument("--keep-last", type=int, default=None, help="observations kept in full (default: as trained, else 1)")
     p.add_argument("--no-compress", action="store_true", default=None, help="keep every observation in full (default: as trained)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="token budget of a prompt (default: as trained, else 1024)")

@@ -177,7 +177,8 @@ def parse_args(argv=None):
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts")
     g.add_argument("--bid-last", action=argparse.BooleanOptionalAction, default=None,
                    help="tree lines show the bid after the element's role and name, `button 'OK' [28]` (compress."
-                        "bid_after_name); default: as the checkpoint was trained, else off")
+                        "bid_after_name; docs/rl.md); default: as the checkpoint was trained, else on; "
+                        "--no-bid-last: `[28] button 'OK'`")
     g.add_argument("--max-new-tokens", type=int, default=None, help="reply length limit (default 64 with --think, else 32)")
     g.add_argument("--loss", choices=["mgrpo", "gspo"], default=None,
                    help="token-level M-GRPO or sequence-level GSPO (default: mgrpo in real mode, gspo in dream mode)")

@@ -33,10 +33,16 @@ _TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)<\|im_end\|>", re.S)
 _OBS = re.compile(r"Goal: (.*?)\nURL: (\S*)\n(.*?)(?:\nLast action error: (.*))?\Z", re.S)
 
 
+# a tree line of a --bid-last prompt (compress.bid_after_name): role, quoted name if any, [bid], the rest
+_BID_LAST = re.compile(r"""^( *)(\S+)( (?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"))? \[([^\]\s]+)\]""", re.M)
+
+
 def observation(text: str) -> env.Obs:
-    """The env.Obs whose text (Obs.render) is `text`."""
+    """The env.Obs whose text (Obs.render) is `text`, read back from a prompt with the bids first or
+    last (--bid-last: each tree line's bid is moved back before its role)."""
     m = _OBS.match(text)
-    return env.Obs(goal=m[1], url=m[2], axtree=m[3], error=m[4] or "")
+    tree = m[3] if m[3].lstrip().startswith("[") else _BID_LAST.sub(lambda b: f"{b[1]}[{b[4]}] {b[2]}{b[3] or ''}", m[3])
+    return env.Obs(goal=m[1], url=m[2], axtree=tree, error=m[4] or "")
 
 
 class ScriptedReplies:
