@@ -201,6 +201,10 @@ def test_a_checkpoint_is_prompted_with_the_bid_position_it_was_trained_with(tmp_
     args = SimpleNamespace(**dict.fromkeys(checkpoint.PROMPT_DEFAULTS))
     checkpoint.resolve_prompt_settings(args, str(tmp_path))
     assert args.bid_last is True
+    (tmp_path / "webdream.json").write_text(json.dumps({"think": True}))  # written before the setting existed
     args = SimpleNamespace(**dict.fromkeys(checkpoint.PROMPT_DEFAULTS))
-    checkpoint.resolve_prompt_settings(args, None)
+    checkpoint.resolve_prompt_settings(args, str(tmp_path))
     assert args.bid_last is False
+    args = SimpleNamespace(**dict.fromkeys(checkpoint.PROMPT_DEFAULTS))
+    checkpoint.resolve_prompt_settings(args, None)  # no checkpoint (the base model, --tiny): the default
+    assert args.bid_last is True
