@@ -21,8 +21,9 @@
 
 This file is the wiring: the flags, the model, optimizer, generator, reference model and logger.
 The pieces, one idea a file: real.py (the real-page loop: rollout -> update -> log -> checkpoint),
-supervised.py (the bc/wm/judge loop), dream.py (the DynaWeb loop), rollout.py (asynchronous collection), update.py (the policy
-update), mgrpo.py / gspo.py (the losses), checkpoint.py, runlog.py (metrics), distributed.py.
+supervised.py (the bc/wm/judge loop), dream.py (the DynaWeb loop), rollout.py (asynchronous
+collection), update.py (the policy update), mgrpo.py / gspo.py (the losses), checkpoint.py, runlog.py
+(metrics), distributed.py.
 
 Under torchrun each rank collects its own groups on its own share of the tasks; losses are
 normalised by global counts and gradients summed over ranks (gloo on CPU, nccl on GPU).
