@@ -226,7 +226,8 @@ def main():
         model, tok = None, policy.load_tokenizer()
     else:
         model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
-    think = checkpoint.trained_settings(a.ckpt if a.ckpt != "expert" else None).get("think", False)
+    trained = checkpoint.trained_settings(a.ckpt if a.ckpt != "expert" else None)
+    think, bid_last = trained.get("think", False), trained.get("bid_last", False)
     os.makedirs(a.out, exist_ok=True)
     md, res = [f"policy: {a.ckpt or 'base model'}, tasks {a.tasks}, {os.cpu_count()} CPU cores", ""], {}
     if a.only in (None, "rollout"):
@@ -242,7 +243,7 @@ def main():
                f"{rows[-1]['steps_per_s'] / ceiling['steps_per_s']:.0%} of it.",
                f"generation tokens/s: one prompt at a time {gen['one_at_a_time_tok_s']:.1f}, batched 16 {gen['batched_16_tok_s']:.1f}", ""]
     if a.only in (None, "generation"):
-        prompts = first_turn_prompts(tok, "runs/demos.jsonl", 6, compress.PromptSettings(think=think))
+        prompts = first_turn_prompts(tok, "runs/demos.jsonl", 6, compress.PromptSettings(think=think, bid_last=bid_last))
         rows = bench_generation(model, tok, prompts, max_new_tokens=64 if think else 32)
         res["generation_groups"] = rows
         md += ["| G | prefill | s per group | vs one prompt | tokens sampled | prompt tokens |", "|---|---|---|---|---|---|"]
