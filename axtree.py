@@ -196,10 +196,10 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
 # ----------------------------------------------------------------------------------------------
 # Reading: text -> nodes
 
-_STRING = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a str's repr, escaped quotes included
+STRING = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a str's repr (quote's output), escaped quotes included
 _BID_LINE = re.compile(rf" *\[({BID})\](?: |$)")
 _NODE_LINE = re.compile(rf"(?P<indent> *)(?:\[(?P<bid>{BID})\](?: |$))?(?P<role>\S*)"
-                        rf"(?: (?P<name>{_STRING}))?(?: value=(?P<value>{_STRING}))?(?P<rest>.*)")
+                        rf"(?: (?P<name>{STRING}))?(?: value=(?P<value>{STRING}))?(?P<rest>.*)")
 
 
 class Node(NamedTuple):

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+import axtree
+
 # Short on purpose: about 97% of every training sequence is prompt, and this is in all of them.
 SYSTEM_PROMPT = ("You are a web agent. Reply with one action: click('bid'), fill('bid', 'text'), "
                  "select_option('bid', 'option'), press('bid', 'Enter').")
@@ -178,9 +180,9 @@ def build_prompt(tokenizer, history: list[dict], observation: str, *, keep_last:
     return render(tokenizer, build_messages([], "", system=system))
 
 
-# An accessibility-tree line as axtree.py writes it: indentation, [bid], the role, then the quoted
-# name when the node has one (axtree.quote: ' or " quoted, the quote escaped inside), then the rest.
-_TREE_LINE = re.compile(r"""^( *)\[([^\]\s]+)\] (\S+)( (?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"))?""", re.M)
+# An accessibility-tree line as axtree.py writes it: indentation, [bid], the role (everything up to the
+# next space, as axtree.parse_line reads it), then the quoted name when the node has one, then the rest.
+_TREE_LINE = re.compile(rf"^( *)\[({axtree.BID})\] (\S+)( (?:{axtree.STRING}))?", re.M)
 
 
 def bid_after_name(observation: str) -> str:

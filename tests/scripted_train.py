@@ -22,6 +22,7 @@ from collections import Counter
 
 import torch
 
+import axtree
 import env
 import experts
 import generators
@@ -34,7 +35,7 @@ _OBS = re.compile(r"Goal: (.*?)\nURL: (\S*)\n(.*?)(?:\nLast action error: (.*))?
 
 
 # a tree line of a --bid-last prompt (compress.bid_after_name): role, quoted name if any, [bid], the rest
-_BID_LAST = re.compile(r"""^( *)(\S+)( (?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"))? \[([^\]\s]+)\]""", re.M)
+_BID_LAST = re.compile(rf"^( *)(\S+)( (?:{axtree.STRING}))? \[({axtree.BID})\]", re.M)
 
 
 def observation(text: str) -> env.Obs:
