@@ -71,16 +71,17 @@ class MixedPage:
 
 
 class MixedReplies:
-    """A generator that always answers click('1') (whether it earns a reward is the page's business)."""
+    """A generator that always answers `text`, click('1') by default (whether it earns a reward is the page's
+    business)."""
 
-    def __init__(self, tok):
-        self.tok = tok
+    def __init__(self, tok, text="click('1')"):
+        self.tok, self.text = tok, text
 
     def generate(self, prompts, **kw):
         import policy
 
-        ids = self.tok.encode("click('1')", add_special_tokens=False) + [self.tok.eos_token_id]
-        return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text="click('1')") for _ in prompts]
+        ids = self.tok.encode(self.text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=self.text) for _ in prompts]
 
     def push_weights(self, model):
         pass
@@ -113,15 +114,10 @@ def test_dynamic_sampling_stops_at_its_cap(tok):
     args = train.parse_args(["--mode", "real", "--tasks", "click-button", "--groups-per-iter", "2", "--group-size", "2",
                              "--dynamic-sampling", "2", "--max-new-tokens", "8"])
 
-    class Wrong(MixedReplies):  # never the rewarded action: no group has signal
-        def generate(self, prompts, **kw):
-            import policy
-
-            ids = self.tok.encode("click('2')", add_special_tokens=False) + [self.tok.eos_token_id]
-            return [policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text="click('2')") for _ in prompts]
+    wrong = MixedReplies(tok, "click('2')")  # never the rewarded action: no group has signal
     pool = EnvPool(MixedPage, tok, num_envs=2)
     try:
-        kept, rolled, counts = real.collect(args, curriculum.Curriculum(args.tasks, 2), Wrong(tok), tok, pool, 0, 0, 1)
+        kept, rolled, counts = real.collect(args, curriculum.Curriculum(args.tasks, 2), wrong, tok, pool, 0, 0, 1)
     finally:
         pool.close()
     assert kept == [] and counts["groups_drawn"] == 4 and counts["groups_kept"] == 0  # 2 x 2 groups, then it stops
