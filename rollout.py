@@ -57,6 +57,7 @@ class _Request:
     """One agent's prompt, waiting for the generator; the reply comes back on `reply`: a
     policy.Sample, None (the rollout is over) or an Exception (generation failed)."""
     prompt: list[int]
+    job: int = 0  # the episode's index in the rollout's jobs: its row in a batched call
     reply: "queue.Queue" = field(default_factory=lambda: queue.Queue(maxsize=1))
 
 
@@ -142,7 +143,7 @@ class _Worker(threading.Thread):
         while True:
             history = context + [{"observation": u["observation"], "response": u["response"]} for u in traj["turns"]]
             prompt = call.settings.build(self.pool.tokenizer, history, obs.text)
-            req = _Request(prompt)
+            req = _Request(prompt, j)
             call.requests.put(req)
             sample = req.reply.get()
             if sample is None or self.abandoned:  # the rollout was cancelled
@@ -452,6 +453,10 @@ def rollout(generator, tokenizer, pool: EnvPool, jobs: list[tuple[str, int]], *,
         bar.n = call.done
         bar.refresh()
         if pending:
+            # rows in job order, not arrival order: which episode gets which sample of a seeded
+            # generation does not depend on thread timing (one call holding the same requests samples
+            # the same replies for the same episodes)
+            pending.sort(key=lambda r: r.job)
             t0 = time.perf_counter()
             try:
                 samples = generator.generate([r.prompt for r in pending], max_new_tokens=max_new_tokens,

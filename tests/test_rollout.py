@@ -1,6 +1,7 @@
 """The asynchronous rollout on real Chromium with a tiny model: faults end one episode, lose none."""
 import functools
 import os
+import random
 import re
 import signal
 import threading
@@ -399,3 +400,54 @@ def test_a_generator_that_raises_ends_the_episodes_it_served(tok):
     assert f"[{failed[0]['seed']}" in gen.failed_on  # the episode whose prompt was in the failed call
     assert all(t["reward"] == 1.0 and t["steps"] == 2 for t in trajs if not t["env_error"])
     assert stats["generate_calls"] >= 7
+
+
+class SlowToOpenPage:
+    """A fake page whose text names its seed and whose reset sleeps a random while (one step)."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def reset(self, seed, task=None):
+        time.sleep(random.Random(seed * 7919 + os.getpid()).random() * 0.2)
+        return types.SimpleNamespace(text=f"Goal: page {seed}\nURL: fake.html\n[11] button 'A'", goal="",
+                                     env_error=False)
+
+    def step(self, text):
+        info = {"action": text, "error": "", "success": False, "env_error": False}
+        return types.SimpleNamespace(text="", goal="", env_error=False), 0.0, True, info
+
+    def close(self):
+        pass
+
+
+class RowReplies(ScriptedReplies):
+    """Replies with each prompt's row in its call, and records the calls' prompts."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.calls = []
+
+    def generate(self, prompts, **kw):
+        self.calls.append([self.tok.decode(p) for p in prompts])
+        self.row = iter(range(len(prompts)))
+        return super().generate(prompts, **kw)
+
+    def reply(self, prompt):
+        return f"click('{next(self.row)}')"
+
+
+def test_a_batched_call_holds_its_prompts_in_job_order_whatever_the_arrival_order(agent):
+    # the workers' resets take random times, so the prompts arrive in another order each run; the
+    # rows (and so which episode gets which sample of a seeded generation) follow the jobs
+    _, tok = agent
+    gen = RowReplies(tok)
+    pool = EnvPool(SlowToOpenPage, tok, num_envs=8)
+    seeds = list(range(8))
+    try:
+        trajs, stats = rollout(gen, tok, pool, [("fake", s) for s in seeds], linger=2.0)
+    finally:
+        pool.close()
+    assert stats["generate_calls"] == 1
+    assert [re.search(r"page (\d+)", p).group(1) for p in gen.calls[0]] == [str(s) for s in seeds]
+    assert [t["turns"][0]["response"] for t in trajs] == [f"click('{k}')" for k in range(8)]
