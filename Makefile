@@ -116,7 +116,7 @@ $(RUNS)/real/step-000005:
 	@echo "$@ is missing: make real (ITERS from 5 to 10 keep it; with more iterations only the newest two checkpoints stay)"; exit 1
 
 test:
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 tests
 
 clean:
 	rm -rf $(RUNS)
