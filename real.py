@@ -67,8 +67,9 @@ def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int
 
 def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
     """Greedy success on the first --eval-seeds eval seeds of every task (the same episodes every
-    time; WebArena-Lite: its test tasks once each), each rank a share of them; trajectories to
-    out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
+    time; WebArena-Lite: its test tasks once each), each rank a share of them, and the share of
+    greedy turns repeating the previous action (a loop: sampling breaks them, greedy decoding does
+    not); trajectories to out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
     import stats
 
     seeds = benchmarks.eval_seeds(args.benchmark, args.eval_seeds if args.benchmark == "miniwob" else 1)
@@ -76,7 +77,9 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
     trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
                                 prompt=args.prompt, progress=rank == 0, desc=f"eval {it}")
     s = stats.summarise(trajs, args.eval_tasks)["mean"]
-    n, k, err = distributed.all_sums([s["n"], s["successes"], s["env_error"]], world)
+    repeats = [x for t in trajs if not t["env_error"] for x in rollouts.repeated_actions(t)]
+    n, k, err, n_rep, k_rep = distributed.all_sums([s["n"], s["successes"], s["env_error"], len(repeats),
+                                                    sum(repeats)], world)
     if rank == 0:
         os.makedirs(os.path.join(args.out, "evals"), exist_ok=True)
         runlog.write_jsonl(os.path.join(args.out, "evals", f"iter-{it:06d}.jsonl"), [
@@ -84,7 +87,8 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
                 {k: v for k, v in u.items() if k not in ("prompt_ids", "screenshot")} for u in t["turns"]]}
             for t in trajs])
     lo, hi = stats.wilson(int(k), int(n))
-    return {"eval/success": k / n if n else 0.0, "eval/ci_low": lo, "eval/ci_high": hi, "eval/n": n, "eval/env_error": err}
+    return {"eval/success": k / n if n else 0.0, "eval/ci_low": lo, "eval/ci_high": hi, "eval/n": n, "eval/env_error": err,
+            "eval/repeated_action": k_rep / n_rep if n_rep else 0.0}
 
 
 COLLAPSE_PARSE_ERROR = 0.2  # share of sampled replies that do not parse above which train_real warns (BC: 0.5-7%)

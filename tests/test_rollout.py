@@ -451,3 +451,21 @@ def test_a_batched_call_holds_its_prompts_in_job_order_whatever_the_arrival_orde
     assert stats["generate_calls"] == 1
     assert [re.search(r"page (\d+)", p).group(1) for p in gen.calls[0]] == [str(s) for s in seeds]
     assert [t["turns"][0]["response"] for t in trajs] == [f"click('{k}')" for k in range(8)]
+
+
+def test_rollout_metrics_count_parse_errors_missing_bids_and_repeats():
+    from rollout import repeated_actions, rollout_metrics
+
+    def turn(action, page="[12] button 'A'\n[13] checkbox 'B'", error=""):
+        return {"action": action, "observation": page, "error": error, "response": action or "?"}
+
+    loop = {"env_error": False, "success": False, "steps": 5, "turns": [
+        turn("click('13')"), turn("click('13')"), turn("click('13')"), turn(None, error="not an action"),
+        turn("click('77')")]}
+    done = {"env_error": False, "success": True, "steps": 2, "turns": [turn("click('13')"), turn("click('12')")]}
+    broken = {"env_error": True, "success": False, "steps": 1, "turns": [turn("click('12')"), turn("click('12')")]}
+    assert repeated_actions(loop) == [True, True, False, False]  # an unparsed turn is no repeat, nor what follows it
+    m = rollout_metrics([loop, done, broken], {})
+    assert m["rollout/repeated_action"] == 2 / 5  # 4 + 1 turns after a first; the env_error episode left out
+    assert m["rollout/parse_error"] == 1 / 7 and m["rollout/missing_bid"] == 1 / 7
+    assert m["rollout/success"] == 0.5 and m["env/env_error"] == 1 / 3
