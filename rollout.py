@@ -443,7 +443,7 @@ def rollout(generator, tokenizer, pool: EnvPool, jobs: list[tuple[str, int]], *,
             first = None
         pending = [first] if first is not None else []
         deadline = time.perf_counter() + linger
-        while len(pending) < gen_batch:
+        while pending and len(pending) < gen_batch:  # (a wake-up with no request waits for nothing)
             try:
                 r = call.requests.get(timeout=max(0.0, deadline - time.perf_counter()))
             except queue.Empty:

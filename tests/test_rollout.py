@@ -445,7 +445,7 @@ def test_a_batched_call_holds_its_prompts_in_job_order_whatever_the_arrival_orde
     pool = EnvPool(SlowToOpenPage, tok, num_envs=8)
     seeds = list(range(8))
     try:
-        trajs, stats = rollout(gen, tok, pool, [("fake", s) for s in seeds], linger=2.0)
+        trajs, stats = rollout(gen, tok, pool, [("fake", s) for s in seeds], linger=10.0, gen_batch=8)
     finally:
         pool.close()
     assert stats["generate_calls"] == 1
