@@ -86,7 +86,8 @@ def test_rl_raises_the_rewarded_action(tok, loss, epochs, minibatches):
     clip_seen = 0.0
     try:
         for it in range(4):
-            # all 16 agents in one generate call (a long linger): the same samples whatever the thread timing
+            # all 16 agents in one generate call (a long linger), rows in job order: the same samples for
+            # the same episodes whatever the thread timing
             trajs, st = rollout(gen, tok, pool, [("fake", k // 8) for k in range(16)], temperature=1.0,
                                 max_new_tokens=8, linger=1.0)
             assert st["generate_calls"] == 1
