@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 
@@ -131,7 +132,8 @@ class _Watchdog:
         g = _Guard(marker, time.monotonic() + seconds, grace)
         with self._cv:
             self._armed.add(g)
-            if self._thread is None or not self._thread.is_alive():
+            # (at interpreter exit a new thread never runs and start() would wait for it forever)
+            if (self._thread is None or not self._thread.is_alive()) and not sys.is_finalizing():
                 try:
                     t = threading.Thread(target=self._run, name="webdream-watchdog", daemon=True)
                     t.start()

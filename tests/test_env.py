@@ -180,3 +180,17 @@ def test_a_script_that_used_a_browser_exits():
     code = "import env; e = env.WebEnv('click-button'); e.reset(0); e.close(); print('done')"
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
+
+
+def test_a_script_that_used_two_browsers_one_after_the_other_exits():
+    # `world_model.py --collect` over two tasks hung at exit: the garbage collector closed an env
+    # during interpreter shutdown, and close()'s watchdog waited forever for a thread to start.
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import env\nfor task in ['click-button', 'click-tab']:\n"
+            "    e = env.WebEnv(task); e.reset(0); e.close()\nprint('done')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
