@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -452,14 +451,8 @@ class WebEnv:
         self.close()
 
     def __del__(self):
-        # At interpreter exit (an env left to the garbage collector) Playwright and new threads no
-        # longer work, and a guarded close() would wait forever for its watchdog thread to start:
-        # kill the browser instead (kill() needs neither).
         try:
-            if sys.is_finalizing():
-                self.kill()
-            else:
-                self.close()
+            self.close()
         except Exception:
             pass
 

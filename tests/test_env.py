@@ -169,28 +169,18 @@ def test_two_envs_one_thread(envs):
     assert ra == rb == 1.0
 
 
-def test_a_script_that_used_a_browser_exits():
-    # Stopping the main thread's Playwright in an atexit hook made every such script hang at exit
-    # (tried against a hang seen once at the end of `world_model.py --collect`): keep it out.
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "import env; e = env.WebEnv('click-button'); e.reset(0); e.close(); print('done')"
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
-
-
-def test_a_script_that_used_two_browsers_one_after_the_other_exits():
+@pytest.mark.parametrize("code,timeout", [
+    # stopping the main thread's Playwright in an atexit hook made every such script hang at exit
+    ("import env; e = env.WebEnv('click-button'); e.reset(0); e.close(); print('done')", 120),
     # `world_model.py --collect` over two tasks hung at exit: the garbage collector closed an env
-    # during interpreter shutdown, and close()'s watchdog waited forever for a thread to start.
-    import os
+    # during interpreter shutdown, and the watchdog guarding close() waited forever for its thread to start
+    ("import env\nfor task in ['click-button', 'click-tab']:\n"
+     "    e = env.WebEnv(task); e.reset(0); e.close()\nprint('done')", 60),
+], ids=["one-browser", "two-browsers-one-after-the-other"])
+def test_a_script_that_used_browsers_exits(code, timeout):
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import env\nfor task in ['click-button', 'click-tab']:\n"
-            "    e = env.WebEnv(task); e.reset(0); e.close()\nprint('done')")
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
