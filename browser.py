@@ -37,7 +37,8 @@ into env_error. What this file changes in BrowserGym:
   see); MiniWoB's popups are closed after each action;
 - a page that navigates or reloads under the observation is observed again; a reloaded task page
   ends the episode; a page with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge;
-- a Playwright error reaches the agent as one line (page_errors.short_error).
+- a Playwright error reaches the agent as one line (page_errors.short_error);
+- Playwright's per-call stack capture is the cheap one of later Playwright versions (playwright_stack.py).
 """
 from __future__ import annotations
 
@@ -49,8 +50,11 @@ import time
 
 import playwright.sync_api
 
+import playwright_stack
 from sandbox import (CHROMIUM_ARGS, MINIWOB_HTML_DIR, chromium_args, url_allowed,  # noqa: F401
                      web_route_pattern, web_url_allowed)
+
+playwright_stack.install()  # every sync call recorded its caller's stack at great cost (see there)
 
 # BrowserGym's MiniWoB tasks read MINIWOB_URL when they are built: set it before anything else.
 os.environ.setdefault("MINIWOB_URL", "file://" + os.path.join(MINIWOB_HTML_DIR, "miniwob") + "/")
@@ -178,12 +182,14 @@ class PersistentBrowserEnv(BrowserEnv):
         self.events: list[str] = []  # what the page did beside the action (dialogs, tabs), for the next Obs
         self.doc_token = ""  # set in the task's document at reset: gone means the page was reloaded
         self._episodes = 0
+        self._browser_cdp = None  # a DevTools session on the browser (the tab count: _await_opened_tabs)
 
     # -- browser lifetime
     def launch(self) -> None:
         self.browser = thread_playwright().chromium.launch(
             headless=self.headless, slow_mo=0, executable_path=chromium_path(),
             args=chromium_args(self.hosts) + [f"--webdream-env={self.marker}"])
+        self._browser_cdp = None
 
     def browser_alive(self) -> bool:
         return self.browser is not None and self.browser.is_connected()
@@ -384,7 +390,7 @@ class PersistentBrowserEnv(BrowserEnv):
         """A general site: a tab the page opened during the action (window.open, target=_blank) becomes the
         observed tab once its document is there, and the next observation says so; new_tab()'s own tab
         is the agent's doing and goes untold."""
-        self._drain(self.context)
+        self._await_opened_tabs()
         new = [p for p in self.context.pages if p not in before]
         if action == "new_tab()":
             return
@@ -397,6 +403,23 @@ class PersistentBrowserEnv(BrowserEnv):
             url = clean_text(p.url)
             self.events.append(f"Tab: the page opened a new tab{f' ({quote(shorten(url))})' if url != 'about:blank' else ''}; "
                                f"it is now the active tab.")
+
+    def _await_opened_tabs(self, timeout: float = 3.0) -> None:
+        """Wait (at most `timeout` s) until Playwright lists every tab Chromium has open. A tab the page
+        opens (window.open, a target=_blank link) exists in Chromium when the action returns; Playwright's
+        page object for it comes a few round trips later, later still under load (the test of the tab a
+        link opens missed it 2 times in 6 with 50 ms of waiting). Never raises."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._drain(self.context)
+            try:
+                if self._browser_cdp is None:
+                    self._browser_cdp = self.browser.new_browser_cdp_session()
+                targets = self._browser_cdp.send("Target.getTargets")["targetInfos"]
+            except playwright.sync_api.Error:
+                return
+            if len(self.context.pages) >= sum(t["type"] == "page" for t in targets) or time.monotonic() > deadline:
+                return
 
     def _on_dialog(self, dialog) -> None:
         """The dialog policy: every native dialog (alert, confirm, prompt, beforeunload) is accepted at
