@@ -38,7 +38,7 @@ import supervised
 from runlog import read_jsonl
 
 
-from bench_rollout import bench_chaos, bench_dreams, bench_rollout, bench_workers, log  # noqa: E402
+from bench_rollout import bench_chaos, bench_dreams, bench_rollout, bench_workers, log, use_prompt  # noqa: E402
 
 
 def delta_lengths(tok, data):
@@ -228,6 +228,7 @@ def main():
         model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
     trained = checkpoint.trained_settings(a.ckpt if a.ckpt != "expert" else None)
     think, bid_last = trained.get("think", False), trained.get("bid_last", False)
+    use_prompt(compress.PromptSettings(think=think, bid_last=bid_last), 64 if think else 32)  # as eval.py prompts it
     os.makedirs(a.out, exist_ok=True)
     md, res = [f"policy: {a.ckpt or 'base model'}, tasks {a.tasks}, {os.cpu_count()} CPU cores", ""], {}
     if a.only in (None, "rollout"):

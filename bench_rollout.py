@@ -18,7 +18,18 @@ import experts
 import generators
 import policy
 import watchdog
+from compress import PromptSettings
 from rollout import EnvPool, EnvProcess, rollout
+
+# how every bench rollout prompts the policy, and its reply budget: bench.py sets them to the checkpoint's
+# (use_prompt), as eval.py would prompt it
+PROMPT, MAX_NEW_TOKENS = PromptSettings(), 32
+
+
+def use_prompt(settings: PromptSettings, max_new_tokens: int) -> None:
+    """Prompt every later bench rollout with `settings`, replies of at most `max_new_tokens` tokens."""
+    global PROMPT, MAX_NEW_TOKENS
+    PROMPT, MAX_NEW_TOKENS = settings, max_new_tokens
 
 
 def log(*a):
@@ -66,9 +77,9 @@ def rollout_throughput(model, tok, jobs, ns, max_steps, processes=False, gen_bat
         workers = EnvPool(functools.partial(webenv.WebEnv, max_steps=max_steps), tok, num_envs=n,
                              processes=processes)
         try:
-            rollout(generators.HFGenerator(model, tok), tok, workers, jobs[:n], temperature=1.0)  # warm up: launch the browsers
+            rollout(generators.HFGenerator(model, tok), tok, workers, jobs[:n], temperature=1.0, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS)  # warm up: launch the browsers
             t0 = time.perf_counter()
-            trajs, st = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=1.0, gen_batch=gen_batch or max(ns))
+            trajs, st = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=1.0, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, gen_batch=gen_batch or max(ns))
             wall = time.perf_counter() - t0
         finally:
             workers.close()
@@ -90,17 +101,17 @@ def bench_rollout(model, tok, tasks, ns, episodes_per_task, max_steps):
     rows, prompts = rollout_throughput(model, tok, jobs_for(tasks, episodes_per_task), ns, max_steps)
     # the ceiling: the same prompts through generation alone, no browser, batched like the largest N
     t0 = time.perf_counter()
-    samples = policy.generate(model, tok, prompts, max_new_tokens=32, temperature=1.0, batch_size=max(ns))
+    samples = policy.generate(model, tok, prompts, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, batch_size=max(ns))
     gen_wall = time.perf_counter() - t0
     ceiling = {"prompts": len(prompts), "wall_s": gen_wall, "steps_per_s": len(prompts) / gen_wall,
                "tokens_per_s": sum(len(s.ids) for s in samples) / gen_wall}
     # batched generation against one prompt at a time, on the same prompts
     few = prompts[:16]
     t0 = time.perf_counter()
-    one = [policy.generate(model, tok, [p], max_new_tokens=32, temperature=1.0)[0] for p in few]
+    one = [policy.generate(model, tok, [p], max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)[0] for p in few]
     t_one = time.perf_counter() - t0
     t0 = time.perf_counter()
-    many = policy.generate(model, tok, few, max_new_tokens=32, temperature=1.0, batch_size=16)
+    many = policy.generate(model, tok, few, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, batch_size=16)
     t_many = time.perf_counter() - t0
     gen = {"one_at_a_time_tok_s": sum(len(s.ids) for s in one) / t_one,
            "batched_16_tok_s": sum(len(s.ids) for s in many) / t_many}
@@ -202,9 +213,9 @@ def bench_dreams(model, tok, wm_path, data, n, episodes, dream_len, wm_max_new_t
     def measure(name, pool, server=None):
         try:
             if server is None and "real" in name:
-                rollout(gen, tok, pool, jobs[:n], temperature=1.0)  # warm up: launch the browsers
+                rollout(gen, tok, pool, jobs[:n], temperature=1.0, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS)  # warm up: launch the browsers
             t0 = time.perf_counter()
-            trajs, st = rollout(gen, tok, pool, jobs, temperature=1.0, gen_batch=n)
+            trajs, st = rollout(gen, tok, pool, jobs, temperature=1.0, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS, gen_batch=n)
             wall = time.perf_counter() - t0
         finally:
             pool.close()
@@ -252,7 +263,7 @@ def bench_chaos(model, tok, tasks, episodes_per_task, max_steps, num_envs, kill_
     k.start()
     t0 = time.perf_counter()
     try:
-        trajs, st = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=1.0)
+        trajs, st = rollout(generators.HFGenerator(model, tok), tok, workers, jobs, temperature=1.0, prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS)
     finally:
         stop.set()
         workers.close()

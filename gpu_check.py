@@ -63,8 +63,9 @@ def bc(model_dir: str, demos: str, out: str, epochs: float) -> dict:
 
 
 def prompts_and_replies(tok, demos: str, n: int) -> list[tuple[list[int], list[int]]]:
-    """(first-turn prompt ids, expert reply ids + end of turn) of n demonstrations, think format."""
-    settings = compress.PromptSettings(think=True)
+    """(first-turn prompt ids, expert reply ids + end of turn) of n demonstrations, prompted as train.py's
+    defaults prompt (a thought, the bids after the names: checkpoint.PROMPT_DEFAULTS)."""
+    settings = compress.PromptSettings(think=True, bid_last=True)
     out = []
     for t in read_jsonl(demos)[:n]:
         turn = t["turns"][0]
