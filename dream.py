@@ -27,6 +27,7 @@ import policy
 import report
 import rollout as rollouts
 import supervised
+import trajectory_metrics
 import transitions
 import update
 from runlog import read_jsonl, truncate_jsonl
@@ -216,7 +217,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             it += 1
             real_steps += int(distributed.all_sum(steps_now, world))
             dream_steps += int(distributed.all_sum(rstats.get("env_steps", 0), world))
-            m = {**distributed.all_mean({**rollouts.rollout_metrics(trajs, rstats), **jstats}, world), **lstats}
+            m = {**distributed.all_mean({**trajectory_metrics.rollout_metrics(trajs, rstats), **jstats}, world), **lstats}
             if replay_c:  # every rank replays at the same iterations, so these collectives match
                 c = dict(zip(sorted(replay_c), distributed.all_sums([replay_c[k] for k in sorted(replay_c)], world)))
                 m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),

@@ -28,6 +28,7 @@ import env as webenv
 import report
 import rollout as rollouts
 import runlog
+import trajectory_metrics
 import update
 
 def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int, world: int) -> tuple[list, list, dict]:
@@ -77,7 +78,7 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
     trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
                                 prompt=args.prompt, progress=rank == 0, desc=f"eval {it}")
     s = stats.summarise(trajs, args.eval_tasks)["mean"]
-    repeats = [x for t in trajs if not t["env_error"] for x in rollouts.repeated_actions(t)]
+    repeats = [x for t in trajs if not t["env_error"] for x in trajectory_metrics.repeated_actions(t)]
     n, k, err, n_rep, k_rep = distributed.all_sums([s["n"], s["successes"], s["env_error"], len(repeats),
                                                     sum(repeats)], world)
     if rank == 0:
@@ -130,7 +131,7 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
             it += 1
             env_steps += int(distributed.all_sum(rstats.get("env_steps", 0), world))
             drawn, kept = distributed.all_sums([rstats["groups_drawn"], rstats["groups_kept"]], world)
-            m = {**distributed.all_mean(rollouts.rollout_metrics(rolled, rstats), world), **lstats, **cur.metrics()}
+            m = {**distributed.all_mean(trajectory_metrics.rollout_metrics(rolled, rstats), world), **lstats, **cur.metrics()}
             m.update({"env/real_steps": env_steps, "sampling/groups_drawn": drawn, "sampling/groups_kept": kept,
                       "sampling/signal_share": kept / max(1.0, drawn)})
             if evaluating(it):

@@ -454,7 +454,7 @@ def test_a_batched_call_holds_its_prompts_in_job_order_whatever_the_arrival_orde
 
 
 def test_rollout_metrics_count_parse_errors_missing_bids_and_repeats():
-    from rollout import repeated_actions, rollout_metrics
+    from trajectory_metrics import repeated_actions, rollout_metrics
 
     def turn(action, page="[12] button 'A'\n[13] checkbox 'B'", error=""):
         return {"action": action, "observation": page, "error": error, "response": action or "?"}
