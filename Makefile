@@ -1,6 +1,6 @@
 # webdream: setup, the main job on the embedded defaults, tests.
 #   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (about 85 min on 2 CPU cores)
-#   make test   the test suite (real Chromium, real tokenizer, tiny models; 7.5-11 minutes on 2 cores)
+#   make test   the test suite (real Chromium, real tokenizer, tiny models; about 6.5 minutes on 2 cores)
 PY      ?= python
 RUNS    ?= runs
 NPROC   ?= 1
