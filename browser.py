@@ -406,9 +406,12 @@ class PersistentBrowserEnv(BrowserEnv):
 
     def _await_opened_tabs(self, timeout: float = 3.0) -> None:
         """Wait (at most `timeout` s) until Playwright lists every tab Chromium has open. A tab the page
-        opens (window.open, a target=_blank link) exists in Chromium when the action returns; Playwright's
-        page object for it comes a few round trips later, later still under load (the test of the tab a
-        link opens missed it 2 times in 6 with 50 ms of waiting). Never raises."""
+        opens during the action (window.open in a click handler, a target=_blank link) exists in Chromium
+        when the action returns; Playwright's page object for it comes a few round trips later, later still
+        under load (the test of the tab a link opens missed it 2 times in 6 with 50 ms of waiting). A tab
+        the page opens later (a timer, after a fetch) is not waited for: the next action's observation
+        lists it. Prerendered pages are not tabs. Never raises (a failed DevTools session is rebuilt at
+        the next call)."""
         deadline = time.monotonic() + timeout
         while True:
             self._drain(self.context)
@@ -416,9 +419,11 @@ class PersistentBrowserEnv(BrowserEnv):
                 if self._browser_cdp is None:
                     self._browser_cdp = self.browser.new_browser_cdp_session()
                 targets = self._browser_cdp.send("Target.getTargets")["targetInfos"]
-            except playwright.sync_api.Error:
+            except Exception:  # a closed browser or driver (not always a playwright Error)
+                self._browser_cdp = None
                 return
-            if len(self.context.pages) >= sum(t["type"] == "page" for t in targets) or time.monotonic() > deadline:
+            tabs = sum(t["type"] == "page" and t.get("subtype") != "prerender" for t in targets)
+            if len(self.context.pages) >= tabs or time.monotonic() > deadline:
                 return
 
     def _on_dialog(self, dialog) -> None:
