@@ -228,7 +228,8 @@ def main():
         model, tok = policy.load_model(a.ckpt or policy.DEFAULT_MODEL)
     trained = checkpoint.trained_settings(a.ckpt if a.ckpt != "expert" else None)
     think, bid_last = trained.get("think", False), trained.get("bid_last", False)
-    use_prompt(compress.PromptSettings(think=think, bid_last=bid_last), 64 if think else 32)  # as eval.py prompts it
+    prompt, budget = compress.PromptSettings(think=think, bid_last=bid_last), checkpoint.reply_budget(think)
+    use_prompt(prompt, budget)  # every bench rollout prompts the policy as eval.py would
     os.makedirs(a.out, exist_ok=True)
     md, res = [f"policy: {a.ckpt or 'base model'}, tasks {a.tasks}, {os.cpu_count()} CPU cores", ""], {}
     if a.only in (None, "rollout"):
@@ -244,8 +245,8 @@ def main():
                f"{rows[-1]['steps_per_s'] / ceiling['steps_per_s']:.0%} of it.",
                f"generation tokens/s: one prompt at a time {gen['one_at_a_time_tok_s']:.1f}, batched 16 {gen['batched_16_tok_s']:.1f}", ""]
     if a.only in (None, "generation"):
-        prompts = first_turn_prompts(tok, "runs/demos.jsonl", 6, compress.PromptSettings(think=think, bid_last=bid_last))
-        rows = bench_generation(model, tok, prompts, max_new_tokens=64 if think else 32)
+        prompts = first_turn_prompts(tok, "runs/demos.jsonl", 6, prompt)
+        rows = bench_generation(model, tok, prompts, max_new_tokens=budget)
         res["generation_groups"] = rows
         md += ["| G | prefill | s per group | vs one prompt | tokens sampled | prompt tokens |", "|---|---|---|---|---|---|"]
         md += [f"| {r['G']} | {r['mode']} | {r['s_per_group']:.3f} | {r['vs_one_prompt']:.2f}x | {r['tokens_per_group']:.1f} | "

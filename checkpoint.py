@@ -113,7 +113,12 @@ def resolve_prompt_settings(args, path: str | None, defaults: dict | None = None
         if getattr(args, k, None) is None:
             setattr(args, k, trained.get(k, (defaults or {}).get(k, v)))
     if args.max_new_tokens is None:
-        args.max_new_tokens = 64 if args.think else 32
+        args.max_new_tokens = reply_budget(args.think)
+
+
+def reply_budget(think: bool) -> int:
+    """The default reply budget in tokens: 64 with a thought before the action, 32 without."""
+    return 64 if think else 32
 
 
 def latest_checkpoint(out: str) -> str | None:
