@@ -24,6 +24,13 @@ SWEEP_TASKS ?= click-button,click-link,click-dialog-2,click-tab,click-tab-2,clic
 GROUPS  ?= 8
 EVAL_SEEDS ?= 1
 G       ?= 4
+# the main command's M-GRPO (make real; docs/rl.md): groups of REAL_G, REAL_GROUPS groups with signal an iteration
+REAL_G  ?= 8
+REAL_GROUPS ?= 4
+MB      ?= 2
+KL      ?= 0.05
+LR      ?= 1e-5
+PROBE   ?= 5
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # wall seconds and peak memory of every step go to $(RUNS)/timings.txt (where GNU time exists)
@@ -55,8 +62,8 @@ $(RUNS)/demos.jsonl:
 bc: $(RUNS)/demos.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode bc --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
-real:  ## M-GRPO from the BC checkpoint; greedy success on EVAL_SEEDS seeds per task every 3 iterations (collapse guard)
-	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+real:  ## M-GRPO from the BC checkpoint on the tasks a greedy probe finds unsolved, a KL penalty holding the rest; greedy success on EVAL_SEEDS seeds per task every 3 iterations (collapse guard)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --probe-seeds $(PROBE) --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base

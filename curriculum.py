@@ -4,6 +4,7 @@ sampling's test of whether a group teaches anything.
     cur = Curriculum(tasks, group_size=4)
     groups = cur.draw(8, rng)                           # [(task, seed)], tasks weighted by expected signal
     cur.update(trajectories); cur.merge(world)          # running counts, summed over ranks
+    cur.leave_out(["click-button"])                     # never drawn again (real.probe: solved at the start)
     kept, dropped = split_by_signal(trajectories, 4)    # groups whose rewards differ / are all equal
 
 A group whose G rewards are all equal has advantage 0 for every member: it costs a rollout and
@@ -18,7 +19,12 @@ field:
   mostly agree, so the task's p overstates the signal (measured: p between 0.1 and 0.9 on most
   tasks, 17-44% of groups with signal);
 - dynamic sampling (DAPO, Yu et al. 2025) keeps drawing groups until the batch holds the requested
-  number of groups with signal, up to a cap (train.py), and trains on those only.
+  number of groups with signal, up to a cap (train.py), and trains on those only;
+- tasks left out: real.probe runs the start policy greedily on a few training seeds of every task
+  and leaves out the tasks it solves on all of them (`--probe-seeds`). The running weights cannot do
+  this on their own: a task not drawn lately drifts back to 1/2, so with 15 tasks most draws went
+  to solved tasks (rl-e6: 67-83% of the groups without signal), and training on them moved the
+  solved tasks rather than the failing ones (docs/rl.md).
 """
 from __future__ import annotations
 
@@ -60,6 +66,22 @@ class Curriculum:
         self.counts = {t: dict.fromkeys(_KEYS, 0.0) for t in self.tasks}
         self._pending = {t: dict.fromkeys(_KEYS, 0.0) for t in self.tasks}  # this rank's, since the last merge
         self._cycle = 0
+        self.left_out: list[str] = []
+
+    def leave_out(self, tasks) -> None:
+        """Never draw these tasks again (weight 0; they stay in the counts and the log).
+        Raises ValueError for a task not in the curriculum, or when no task would be left."""
+        tasks = list(dict.fromkeys(tasks))
+        unknown = [t for t in tasks if t not in self.counts]
+        if unknown:
+            raise ValueError(f"not in the curriculum: {', '.join(unknown)}")
+        if set(self.tasks) <= set(tasks) | set(self.left_out):
+            raise ValueError("leaving these out leaves no task to draw")
+        self.left_out = [t for t in self.tasks if t in set(tasks) | set(self.left_out)]
+
+    def drawable(self) -> list[str]:
+        """The tasks draws come from: all but the ones left out."""
+        return [t for t in self.tasks if t not in self.left_out]
 
     def rate(self, task: str) -> float:
         """The task's running success rate (posterior mean, Beta(1, 1) prior), for the log."""
@@ -67,19 +89,22 @@ class Curriculum:
         return (c["successes"] + 1.0) / (c["episodes"] + 2.0)
 
     def weight(self, task: str) -> float:
-        """The task's running share of groups with signal (posterior mean, Beta(1, 1) prior), floored."""
+        """The task's running share of groups with signal (posterior mean, Beta(1, 1) prior), floored;
+        0 for a task left out."""
+        if task in self.left_out:
+            return 0.0
         c = self.counts[task]
         return max(self.min_weight, (c["signal"] + 1.0) / (c["groups"] + 2.0))
 
     def draw(self, n: int, rng: random.Random) -> list[tuple[str, int]]:
         """n (task, train seed) groups: tasks drawn with probability proportional to their weight
-        (or in the fixed cycle when uniform), seeds uniformly from env.TRAIN_SEEDS."""
+        (or in the fixed cycle when uniform), seeds uniformly from env.TRAIN_SEEDS; never a task left out."""
+        pool = self.drawable()
         if self.uniform:
-            tasks = [self.tasks[(self._cycle * self.world + self.rank + k * self.world) % len(self.tasks)]
-                     for k in range(n)]
+            tasks = [pool[(self._cycle * self.world + self.rank + k * self.world) % len(pool)] for k in range(n)]
             self._cycle += n
         else:
-            tasks = rng.choices(self.tasks, weights=[self.weight(t) for t in self.tasks], k=n)
+            tasks = rng.choices(pool, weights=[self.weight(t) for t in pool], k=n)
         return [(t, rng.choice(webenv.TRAIN_SEEDS)) for t in tasks]
 
     def update(self, trajectories: list[dict]) -> None:
@@ -109,13 +134,22 @@ class Curriculum:
 
     def state(self) -> dict:
         """What a checkpoint stores to resume the same schedule."""
-        return {"counts": {t: dict(c) for t, c in self.counts.items()}, "cycle": self._cycle}
+        return {"counts": {t: dict(c) for t, c in self.counts.items()}, "cycle": self._cycle,
+                "left_out": list(self.left_out)}
 
     def load(self, state: dict) -> None:
         for t in self.tasks:
             saved = state.get("counts", {}).get(t, {})
             self.counts[t] = {k: float(saved.get(k, 0.0)) for k in _KEYS}
         self._cycle = int(state.get("cycle", 0))
+        self.left_out = [t for t in self.tasks if t in state.get("left_out", [])]
+
+    def signal_share(self) -> float:
+        """The expected share of groups with signal in a weighted draw: sum(w^2) / sum(w) over the
+        drawable tasks (task t is drawn with probability w_t / sum(w) and has signal at rate w_t;
+        uniform draws: the mean weight). dynamic sampling's first over-draw (real.collect)."""
+        w = [self.weight(t) for t in self.drawable()]
+        return sum(w) / len(w) if self.uniform else sum(x * x for x in w) / sum(w)
 
     def metrics(self) -> dict:
         """curriculum/p/<task> (success rate) and curriculum/weight/<task> (share of groups with signal)."""

@@ -2,7 +2,8 @@
 curriculum, rolls G trajectories of each out in real headless Chromium (rollout.py, every prompt
 compressed by compress.py), keeps the groups with signal (dynamic sampling), takes one M-GRPO
 policy update on them (update.py), then logs, evaluates greedily on a fixed set of eval episodes
-when due, writes a report and checkpoints.
+when due, writes a report and checkpoints. With --probe-seeds, a greedy probe of the start policy
+first leaves out the tasks it already solves (probe).
 
     real.train_real(args, model, tok, opt, gen, logger, cfg, it, extra, rank, world, device, ref=ref)
 
@@ -45,8 +46,7 @@ def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int
     while len(kept) < need and counts["groups_drawn"] < cap:
         missing = need - len(kept)
         if args.dynamic_sampling:  # over-draw by the signal rate seen so far (or expected)
-            rate = (counts["groups_kept"] / counts["groups_drawn"] if counts["groups_drawn"]
-                    else sum(cur.weight(t) for t in cur.tasks) / len(cur.tasks))
+            rate = counts["groups_kept"] / counts["groups_drawn"] if counts["groups_drawn"] else cur.signal_share()
             missing = min(cap - counts["groups_drawn"], math.ceil(missing / max(rate, 0.2)))
         groups = cur.draw(missing, rng)
         jobs = [g for g in groups for _ in range(args.group_size)]
@@ -92,6 +92,35 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
             "eval/repeated_action": k_rep / n_rep if n_rep else 0.0}
 
 
+def probe(args, gen, tok, pool, rank: int, world: int) -> dict[str, tuple[int, int]]:
+    """The start policy's greedy success on --probe-seeds training seeds of every task (the same seeds
+    for each task, drawn from env.TRAIN_SEEDS with --seed; each rank a share): {task: (successes,
+    episodes without env_error)}, summed over ranks (collective: every rank calls it). train_real leaves
+    out the tasks solved on every probe episode (curriculum.Curriculum.leave_out)."""
+    seeds = random.Random(args.seed * 7_919 + 17).sample(webenv.TRAIN_SEEDS, args.probe_seeds)
+    jobs = [(t, s) for t in args.tasks for s in seeds][rank::world]
+    trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
+                                prompt=args.prompt, progress=rank == 0, desc="probe")
+    flat = [0.0] * (2 * len(args.tasks))
+    for t in trajs:
+        if not t["env_error"]:
+            i = args.tasks.index(t["task"])
+            flat[2 * i] += float(t["success"])
+            flat[2 * i + 1] += 1.0
+    flat = distributed.all_sums(flat, world)
+    return {task: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, task in enumerate(args.tasks)}
+
+
+def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, int]]) -> list[str]:
+    """Leave out of the curriculum the tasks solved on every probe episode (at least one episode);
+    none when that would leave no task. Returns the tasks left out."""
+    solved = [t for t, (k, n) in probed.items() if n and k == n]
+    if set(solved) >= set(cur.tasks):
+        return []
+    cur.leave_out(solved)
+    return solved
+
+
 COLLAPSE_PARSE_ERROR = 0.2  # share of sampled replies that do not parse above which train_real warns (BC: 0.5-7%)
 
 
@@ -112,6 +141,13 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
                              f"world {world}")
     evaluating = lambda i: args.eval_every and (i % args.eval_every == 0 or i == args.iterations)
     try:
+        if it == 0 and args.probe_seeds and not cur.left_out:
+            with distributed.full_params(model, opt):
+                probed = probe(args, gen, tok, pool, rank, world)
+            solved = leave_out_solved(cur, probed)
+            logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}, 0)
+            distributed.print0(rank, f"probe ({args.probe_seeds} greedy episodes a task): left out, solved on every "
+                                     f"one: {', '.join(solved) or 'none'}; training on: {', '.join(cur.drawable())}")
         if it == 0 and evaluating(0):
             with distributed.full_params(model, opt):
                 logger.log(greedy_eval(args, gen, tok, pool, 0, rank, world), 0)

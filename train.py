@@ -200,6 +200,9 @@ def parse_args(argv=None):
     g.add_argument("--curriculum", choices=["signal", "uniform"], default="signal",
                    help="which tasks the groups come from: weighted by the running share of their groups that had "
                         "signal (curriculum.py), or cycling through the tasks")
+    g.add_argument("--probe-seeds", type=int, default=0, metavar="N",
+                   help="before the first iteration, run the start policy greedily on N training seeds of every task and "
+                        "leave out of RL the tasks it solves on all N (real.probe; docs/rl.md); 0: train on every task")
     g.add_argument("--dynamic-sampling", type=float, default=3.0, metavar="CAP",
                    help="keep drawing groups until --groups-per-iter of them have signal (rewards not all equal), "
                         "drawing at most CAP times that many; groups without signal are not trained on (0: off, "
@@ -271,6 +274,8 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.probe_seeds < 0 or (args.probe_seeds and args.mode != "real"):
+        p.error(f"--probe-seeds N (>= 0) applies to --mode real, got {args.probe_seeds} with --mode {args.mode}")
     if args.dynamic_sampling and args.dynamic_sampling < 1:
         p.error(f"--dynamic-sampling CAP must be 0 (off) or at least 1, got {args.dynamic_sampling}")
     if rl and args.groups_per_iter % world:

@@ -121,3 +121,63 @@ def test_dynamic_sampling_stops_at_its_cap(tok):
     finally:
         pool.close()
     assert kept == [] and counts["groups_drawn"] == 4 and counts["groups_kept"] == 0  # 2 x 2 groups, then it stops
+
+
+def test_tasks_left_out_are_never_drawn_and_survive_a_resume():
+    cur = curriculum.Curriculum(["a", "b", "c"], group_size=2, decay=1.0)
+    cur.leave_out(["b"])
+    assert cur.weight("b") == 0.0 and cur.drawable() == ["a", "c"]
+    assert {t for t, _ in cur.draw(300, random.Random(0))} == {"a", "c"}
+    with pytest.raises(ValueError, match="no task to draw"):
+        cur.leave_out(["a", "c"])
+    with pytest.raises(ValueError, match="not in the curriculum"):
+        cur.leave_out(["d"])
+    again = curriculum.Curriculum(["a", "b", "c"], group_size=2, uniform=True)
+    again.load(cur.state())
+    assert again.left_out == ["b"] and {t for t, _ in again.draw(6, random.Random(0))} == {"a", "c"}
+
+
+def test_expected_signal_share_of_a_weighted_draw():
+    cur = curriculum.Curriculum(["a", "b"], group_size=2, decay=1.0, min_weight=0.0)
+    # a: 3 groups with signal of 3 -> weight 4/5; b: 0 of 3 -> 1/5
+    cur.update([traj("a", s, r) for s in range(3) for r in (1.0, 0.0)] + [traj("b", s, 1.0) for s in range(6)])
+    cur.merge(1)
+    # drawn a w.p. 4/5 (signal 4/5), b w.p. 1/5 (signal 1/5): 16/25 + 1/25
+    assert cur.signal_share() == pytest.approx(17 / 25)
+
+
+class SolvedPage:
+    """One step: click('1') is rewarded on click-button, never on enter-text."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def reset(self, seed, task=None):
+        self.task = task or self.task
+        return SimpleNamespace(text="Goal: click one\nURL: fake.html\n[1] button 'one'", goal="x", env_error=False)
+
+    def step(self, text):
+        ok = "click('1')" in text and self.task == "click-button"
+        return SimpleNamespace(text="", goal="x", env_error=False), float(ok), True, {
+            "action": text, "error": "", "success": ok, "env_error": False}
+
+    def close(self):
+        pass
+
+
+def test_probe_leaves_out_the_tasks_the_start_policy_solves(tok, capsys):
+    args = train.parse_args(["--mode", "real", "--tasks", "click-button,enter-text", "--probe-seeds", "3",
+                             "--max-new-tokens", "8"])
+    pool = EnvPool(SolvedPage, tok, num_envs=2)
+    try:
+        probed = real.probe(args, MixedReplies(tok), tok, pool, 0, 1)
+    finally:
+        pool.close()
+    assert probed == {"click-button": (3, 3), "enter-text": (0, 3)}
+    cur = curriculum.Curriculum(args.tasks, args.group_size)
+    assert real.leave_out_solved(cur, probed) == ["click-button"] and cur.drawable() == ["enter-text"]
+    everything = curriculum.Curriculum(args.tasks, args.group_size)  # all solved: nothing is left out
+    assert real.leave_out_solved(everything, {"click-button": (3, 3), "enter-text": (2, 2)}) == []
+    with pytest.raises(SystemExit):
+        train.parse_args(["--mode", "dream", "--real-ratio", "1", "--probe-seeds", "3"])
+    assert "--probe-seeds N (>= 0) applies to --mode real" in capsys.readouterr().err
