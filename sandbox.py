@@ -24,8 +24,21 @@ import miniwob as _miniwob_pkg
 
 MINIWOB_HTML_DIR = os.path.join(os.path.dirname(os.path.abspath(_miniwob_pkg.__file__)), "html")
 
-# Chromium flags for many small headless browsers on few cores. (BrowserGym's own
-# --disable-features=OverlayScrollbars and --hide-scrollbars changes only matter for screenshots.)
+# Chromium keeps only the last of repeated --disable-features switches (measured on Chromium 156:
+# `--disable-features=WebUSB --disable-features=Translate` leaves navigator.usb defined), and
+# Playwright puts its own switch before ours: so ours repeats every feature Playwright 1.44 disables
+# (its chromiumSwitches.js; tests/test_sandbox.py checks the pinned driver's list is covered), else
+# those (HttpsUpgrades, PaintHolding, LazyFrameLoading, ...) would be enabled again.
+PLAYWRIGHT_DISABLED_FEATURES = ("ImprovedCookieControls", "LazyFrameLoading", "GlobalMediaControls",
+                                "DestroyProfileOnBrowserClose", "MediaRouter", "DialMediaRouteProvider",
+                                "AcceptCHFrame", "AutoExpandDetailsElement",
+                                "CertificateTransparencyComponentUpdater",
+                                "AvoidUnnecessaryBeforeUnloadCheckSync", "Translate", "HttpsUpgrades",
+                                "PaintHolding")
+# ours: OverlayScrollbars (BrowserGym's own choice; with --hide-scrollbars it only matters for screenshots)
+DISABLED_FEATURES = PLAYWRIGHT_DISABLED_FEATURES + ("OptimizationHints", "OverlayScrollbars")
+
+# Chromium flags for many small headless browsers on few cores.
 CHROMIUM_ARGS = [
     "--disable-gpu",
     "--disable-crash-reporter",  # its crashpad handlers outlive the browser as zombies here
@@ -37,7 +50,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
     "--mute-audio",
-    "--disable-features=Translate,OptimizationHints,MediaRouter,OverlayScrollbars",
+    "--disable-features=" + ",".join(DISABLED_FEATURES),  # the only one Chromium reads (above)
     "--renderer-process-limit=1",
     # The network, for what the request router (url_allowed) never sees. MiniWoB is file:// only.
     # No host name or address resolves: WebSockets, and the preconnect of a blocked navigation,
