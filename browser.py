@@ -23,7 +23,7 @@ into env_error. What this file changes in BrowserGym:
 - native dialogs (alert, confirm, prompt, beforeunload) are accepted at once, OK with a prompt's
   default text (Playwright would dismiss them silently), and a tab the page opens (window.open, a
   target=_blank link) is closed after the action and never observed: the task page stays the
-  observed page. Each is told in the next observation (`events`, env.Obs.events);
+  observed page (tabs.py). Each is told in the next observation (`events`, env.Obs.events);
 - general sites (`hosts` given: WebArena) keep BrowserGym's tabs instead: a tab the page opens becomes
   the observed tab (the next observation says so and lists the open tabs, `tabs`), the tab actions
   (new_tab, tab_focus, tab_close) move the observed tab, each episode gets a fresh context (the task
@@ -72,6 +72,7 @@ from actions import split_action  # noqa: E402
 from axtree import clean, clean_text, quote  # noqa: E402
 from page_actions import action_namespace  # noqa: E402
 from page_errors import is_fatal, is_navigation_race, short_error, shorten  # noqa: E402
+from tabs import close_popups, follow_new_tabs, tab_lines  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class PersistentBrowserEnv(BrowserEnv):
         self.events: list[str] = []  # what the page did beside the action (dialogs, tabs), for the next Obs
         self.doc_token = ""  # set in the task's document at reset: gone means the page was reloaded
         self._episodes = 0
-        self._browser_cdp = None  # a DevTools session on the browser (the tab count: _await_opened_tabs)
+        self._browser_cdp = None  # a DevTools session on the browser (the tab count: tabs.await_opened_tabs)
 
     # -- browser lifetime
     def launch(self) -> None:
@@ -307,7 +308,7 @@ class PersistentBrowserEnv(BrowserEnv):
         self.infeasible_message_received = False
         obs = self._get_obs()
         if not self.web:
-            self._close_popups()
+            close_popups(self)
         return clean(dict(obs, events=self._take_events())), clean({"task_info": task_info})
 
     def act(self, action: str | None, error: str = "", validate: bool = True):
@@ -340,14 +341,14 @@ class PersistentBrowserEnv(BrowserEnv):
                 if self.web:  # the tab actions make another tab the active one (they rebind "page")
                     self._follow(self.ns["page"])
         if self.web:
-            self._follow_new_tabs(pages_before, action)
+            follow_new_tabs(self, pages_before, action)
         # BrowserGym's post_step (wait for load, validate, observe) sees the page at some instant; an
         # action can start a navigation or reload that replaces the document in the middle of it. Then
         # the whole post-step is redone on the new document (a few times, backing off).
         for attempt in range(4):
             self._check_alive()
             if not self.web:
-                self._close_popups()
+                close_popups(self)
             try:
                 obs, reward, terminated, truncated, info = self.post_step(info, validate=validate)
                 self._check_alive()  # (a crash closes the page, and BrowserGym would observe a blank new one)
@@ -355,7 +356,7 @@ class PersistentBrowserEnv(BrowserEnv):
                         and obs["url"] != self.task.url):  # validated the old document, observed a new one
                     continue
                 if not self.web:
-                    self._close_popups()  # a tab this action opened goes now, and the observation says so
+                    close_popups(self)  # a tab this action opened goes now, and the observation says so
                 return clean(dict(obs, events=self._take_events())), reward, terminated, truncated, clean(info)
             except Exception as e:
                 if attempt == 3 or self.crashed or not is_navigation_race(e):
@@ -376,7 +377,7 @@ class PersistentBrowserEnv(BrowserEnv):
     def _activate_page_from_js(self, page) -> None:
         """BrowserGym makes whichever page gets focus, loads or is clicked the observed page; a MiniWoB
         task lives in its one page, so a tab it opens is never observed (it validated as "invalid page"
-        and ended the episode) but closed (_close_popups). A general site keeps BrowserGym's rule."""
+        and ended the episode) but closed (tabs.close_popups). A general site keeps BrowserGym's rule."""
         task_page = getattr(self.task, "page", None) if self.task and not self.web else None
         if task_page is None or page == task_page:
             super()._activate_page_from_js(page)
@@ -385,46 +386,6 @@ class PersistentBrowserEnv(BrowserEnv):
         """Make `page` the observed tab (BrowserGym's page history too), if it is another open one."""
         if page is not None and page is not self.page and not page.is_closed() and page in self.context.pages:
             super()._activate_page_from_js(page)
-
-    def _follow_new_tabs(self, before: list, action: str | None) -> None:
-        """A general site: a tab the page opened during the action (window.open, target=_blank) becomes the
-        observed tab once its document is there, and the next observation says so; new_tab()'s own tab
-        is the agent's doing and goes untold."""
-        self._await_opened_tabs()
-        new = [p for p in self.context.pages if p not in before]
-        if action == "new_tab()":
-            return
-        for p in new:
-            try:
-                p.wait_for_load_state("domcontentloaded", timeout=3000)
-            except playwright.sync_api.Error:
-                pass
-            self._follow(p)
-            url = clean_text(p.url)
-            self.events.append(f"Tab: the page opened a new tab{f' ({quote(shorten(url))})' if url != 'about:blank' else ''}; "
-                               f"it is now the active tab.")
-
-    def _await_opened_tabs(self, timeout: float = 3.0) -> None:
-        """Wait (at most `timeout` s) until Playwright lists every tab Chromium has open. A tab the page
-        opens during the action (window.open in a click handler, a target=_blank link) exists in Chromium
-        when the action returns; Playwright's page object for it comes a few round trips later, later still
-        under load (the test of the tab a link opens missed it 2 times in 6 with 50 ms of waiting). A tab
-        the page opens later (a timer, after a fetch) is not waited for: the next action's observation
-        lists it. Prerendered pages are not tabs. Never raises (a failed DevTools session is rebuilt at
-        the next call)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self._drain(self.context)
-            try:
-                if self._browser_cdp is None:
-                    self._browser_cdp = self.browser.new_browser_cdp_session()
-                targets = self._browser_cdp.send("Target.getTargets")["targetInfos"]
-            except Exception:  # a closed browser or driver (not always a playwright Error)
-                self._browser_cdp = None
-                return
-            tabs = sum(t["type"] == "page" and t.get("subtype") != "prerender" for t in targets)
-            if len(self.context.pages) >= tabs or time.monotonic() > deadline:
-                return
 
     def _on_dialog(self, dialog) -> None:
         """The dialog policy: every native dialog (alert, confirm, prompt, beforeunload) is accepted at
@@ -441,28 +402,6 @@ class PersistentBrowserEnv(BrowserEnv):
         said = f" {quote(shorten(message))}" if message else ""
         how = f"accepted with its default text {quote(shorten(default))}" if kind == "prompt" else "accepted (OK)"
         self.events.append(f"Dialog: the page showed {'an' if kind[0] in 'aeiou' else 'a'} {kind}{said}; it was {how}.")
-
-    def _close_popups(self) -> None:
-        """Close every page but the task's: a popup (window.open, target=_blank) whose load was blocked,
-        a blank one, or one on a MiniWoB page. A MiniWoB task lives in one page; closing popups right
-        after the action keeps the episode there whatever the popup's load timing (its URL goes to
-        `popups_closed`, and to `blocked` if the router refused it; the next observation says that a
-        tab was opened and closed)."""
-        task_page = self.task.page if self.task else None
-        stray = [p for p in self.context.pages if p != task_page]
-        if not stray:
-            return
-        self._drain(self.context)
-        for p in stray:
-            self.popups_closed.append(clean_text(p.url))
-            self.events.append("Tab: the page opened a new tab; it was closed, and this page stays.")
-            try:
-                p.close(run_before_unload=False)
-            except playwright.sync_api.Error:
-                pass
-            self.page_history.pop(p, None)
-        if self.page in stray or self.page is None or self.page.is_closed():
-            self.page = task_page
 
     def _task_validate(self):
         page, task = self.page, self.task
@@ -495,22 +434,10 @@ class PersistentBrowserEnv(BrowserEnv):
             break
         _post_extract(page)
         goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
-        tabs = self._tab_lines(page) if self.web and len(self.context.pages) > 1 else []
+        tabs = tab_lines(self, page) if self.web and len(self.context.pages) > 1 else []
         return {"goal": goal, "url": page.url, "axtree_object": axtree, "tabs": tabs,
                 "last_action": self.last_action,
                 "last_action_error": self.last_action_error}
-
-    def _tab_lines(self, active) -> list[str]:
-        """One line per open tab, in tab_focus()'s order: "Tab 1 (active): 'Results' http://shop/?q=bag"."""
-        lines = []
-        for i, p in enumerate(self.context.pages):
-            try:
-                title = p.title()
-            except playwright.sync_api.Error:  # closing, or navigating
-                title = ""
-            lines.append(f"Tab {i}{' (active)' if p == active else ''}: {quote(shorten(clean_text(title), 80))} "
-                         f"{shorten(clean_text(p.url))}")
-        return lines
 
     def close(self):
         """Close the context and the browser. Never raises."""
