@@ -13,7 +13,7 @@ field:
 
 - the curriculum weighs each task by the running share of its groups that had signal (a Beta(1, 1)
   prior over decayed counts: a task not drawn lately drifts back towards 1/2), floored at
-  `min_weight` so that no task is dropped for good (a solved task can regress). The share is
+  `min_weight` so that the weights alone drop no task for good (a solved task can regress). The share is
   measured, not derived from the task's success rate p as 1 - p^G - (1 - p)^G: a peaked policy
   succeeds on some pages of a task and fails on others, but on one page (one group) its G samples
   mostly agree, so the task's p overstates the signal (measured: p between 0.1 and 0.9 on most
@@ -21,7 +21,8 @@ field:
 - dynamic sampling (DAPO, Yu et al. 2025) keeps drawing groups until the batch holds the requested
   number of groups with signal, up to a cap (train.py), and trains on those only;
 - tasks left out: real.probe runs the start policy greedily on a few training seeds of every task
-  and leaves out the tasks it solves on all of them (`--probe-seeds`). The running weights cannot do
+  and leaves out the tasks it solves on every one of them (`--probe-seeds`; a task with a probe
+  episode lost to env_error stays in). The running weights cannot do
   this on their own: a task not drawn lately drifts back to 1/2, so with 15 tasks most draws went
   to solved tasks (rl-e6: 67-83% of the groups without signal), and training on them moved the
   solved tasks rather than the failing ones (docs/rl.md).
@@ -152,9 +153,10 @@ class Curriculum:
         return sum(w) / len(w) if self.uniform else sum(x * x for x in w) / sum(w)
 
     def metrics(self) -> dict:
-        """curriculum/p/<task> (success rate) and curriculum/weight/<task> (share of groups with signal)."""
+        """curriculum/p/<task> (success rate) and curriculum/weight/<task> (share of groups with signal),
+        for the tasks drawn from (a task left out has no counts: its prior would read as 50%)."""
         out = {}
-        for t in self.tasks:
+        for t in self.drawable():
             out[f"curriculum/p/{t}"] = self.rate(t)
             out[f"curriculum/weight/{t}"] = self.weight(t)
         return out

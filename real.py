@@ -111,11 +111,12 @@ def probe(args, gen, tok, pool, rank: int, world: int) -> dict[str, tuple[int, i
     return {task: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, task in enumerate(args.tasks)}
 
 
-def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, int]]) -> list[str]:
-    """Leave out of the curriculum the tasks solved on every probe episode (at least one episode);
-    none when that would leave no task. Returns the tasks left out."""
-    solved = [t for t, (k, n) in probed.items() if n and k == n]
-    if set(solved) >= set(cur.tasks):
+def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, int]], episodes: int) -> list[str]:
+    """Leave out of the curriculum the tasks solved on all `episodes` probe episodes (a task with an
+    episode lost to env_error stays in: one lucky episode is no evidence); none when that would leave
+    no task. Returns the tasks left out."""
+    solved = [t for t, (k, n) in probed.items() if episodes and k == n == episodes]
+    if set(solved) | set(cur.left_out) >= set(cur.tasks):
         return []
     cur.leave_out(solved)
     return solved
@@ -144,10 +145,14 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
         if it == 0 and args.probe_seeds and not cur.left_out:
             with distributed.full_params(model, opt):
                 probed = probe(args, gen, tok, pool, rank, world)
-            solved = leave_out_solved(cur, probed)
-            logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}, 0)
-            distributed.print0(rank, f"probe ({args.probe_seeds} greedy episodes a task): left out, solved on every "
-                                     f"one: {', '.join(solved) or 'none'}; training on: {', '.join(cur.drawable())}")
+            solved = leave_out_solved(cur, probed, args.probe_seeds)
+            logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}
+                       | {f"probe/env_error/{t}": args.probe_seeds - n for t, (k, n) in probed.items()}, 0)
+            distributed.print0(rank, f"probe ({args.probe_seeds} greedy episodes a task): left out (solved on every "
+                                     f"one): {', '.join(solved) or 'none'}; training on: {', '.join(cur.drawable())}")
+        elif it > 0 and cur.left_out:
+            distributed.print0(rank, f"resumed at iteration {it}: the probe is not re-run; left out: "
+                                     f"{', '.join(cur.left_out)}")
         if it == 0 and evaluating(0):
             with distributed.full_params(model, opt):
                 logger.log(greedy_eval(args, gen, tok, pool, 0, rank, world), 0)

@@ -54,6 +54,7 @@ import benchmarks
 import checkpoint
 import compress
 import distributed
+import env as webenv
 import generators
 import policy
 import real
@@ -202,7 +203,8 @@ def parse_args(argv=None):
                         "signal (curriculum.py), or cycling through the tasks")
     g.add_argument("--probe-seeds", type=int, default=0, metavar="N",
                    help="before the first iteration, run the start policy greedily on N training seeds of every task and "
-                        "leave out of RL the tasks it solves on all N (real.probe; docs/rl.md); 0: train on every task")
+                        "leave out of RL the tasks it solves on all N (unless that is every task; real.probe; "
+                        "docs/rl.md); 0: train on every task. MiniWoB only (a WebArena-Lite task has one episode)")
     g.add_argument("--dynamic-sampling", type=float, default=3.0, metavar="CAP",
                    help="keep drawing groups until --groups-per-iter of them have signal (rewards not all equal), "
                         "drawing at most CAP times that many; groups without signal are not trained on (0: off, "
@@ -276,6 +278,11 @@ def parse_args(argv=None):
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.probe_seeds < 0 or (args.probe_seeds and args.mode != "real"):
         p.error(f"--probe-seeds N (>= 0) applies to --mode real, got {args.probe_seeds} with --mode {args.mode}")
+    if args.probe_seeds and args.benchmark != "miniwob":
+        p.error(f"--probe-seeds applies to --benchmark miniwob: every seed of a {args.benchmark} task is the same "
+                f"episode (a probe would repeat it)")
+    if args.probe_seeds > len(webenv.TRAIN_SEEDS):
+        p.error(f"--probe-seeds {args.probe_seeds}: there are only {len(webenv.TRAIN_SEEDS)} training seeds")
     if args.dynamic_sampling and args.dynamic_sampling < 1:
         p.error(f"--dynamic-sampling CAP must be 0 (off) or at least 1, got {args.dynamic_sampling}")
     if rl and args.groups_per_iter % world:

@@ -138,26 +138,42 @@ def test_tasks_left_out_are_never_drawn_and_survive_a_resume():
 
 
 def test_expected_signal_share_of_a_weighted_draw():
-    cur = curriculum.Curriculum(["a", "b"], group_size=2, decay=1.0, min_weight=0.0)
-    # a: 3 groups with signal of 3 -> weight 4/5; b: 0 of 3 -> 1/5
+    cur = curriculum.Curriculum(["a", "b", "c"], group_size=2, decay=1.0, min_weight=0.0)
+    # a: 3 groups with signal of 3 -> weight 4/5; b: 0 of 3 -> 1/5; c: never drawn -> 1/2
     cur.update([traj("a", s, r) for s in range(3) for r in (1.0, 0.0)] + [traj("b", s, 1.0) for s in range(6)])
     cur.merge(1)
-    # drawn a w.p. 4/5 (signal 4/5), b w.p. 1/5 (signal 1/5): 16/25 + 1/25
-    assert cur.signal_share() == pytest.approx(17 / 25)
+    w = {"a": 0.8, "b": 0.2, "c": 0.5}
+    # task t is drawn w.p. w_t / sum(w) and then has signal at rate w_t
+    assert cur.signal_share() == pytest.approx((0.64 + 0.04 + 0.25) / 1.5)
+    cur.leave_out(["c"])
+    assert cur.signal_share() == pytest.approx((0.64 + 0.04) / 1.0)
+    assert "curriculum/p/c" not in cur.metrics() and cur.metrics()["curriculum/weight/a"] == pytest.approx(w["a"])
+    uniform = curriculum.Curriculum(["a", "b", "c"], group_size=2, decay=1.0, min_weight=0.0, uniform=True)
+    uniform.load(cur.state())
+    assert uniform.signal_share() == pytest.approx((0.8 + 0.2) / 2)  # drawn in turn: the mean weight
 
 
 class SolvedPage:
-    """One step: click('1') is rewarded on click-button, never on enter-text."""
+    """One step: click('1') is rewarded on click-button and focus-text, never on enter-text. click-link's
+    pages never load (env_error), and focus-text's first page does not either."""
+
+    lock = threading.Lock()
+    resets: Counter = Counter()
 
     def __init__(self, task):
         self.task = task
 
     def reset(self, seed, task=None):
         self.task = task or self.task
-        return SimpleNamespace(text="Goal: click one\nURL: fake.html\n[1] button 'one'", goal="x", env_error=False)
+        with self.lock:
+            SolvedPage.resets[self.task] += 1
+            first = SolvedPage.resets[self.task] == 1
+        broken = self.task == "click-link" or (self.task == "focus-text" and first)
+        return SimpleNamespace(text="Goal: click one\nURL: fake.html\n[1] button 'one'", goal="x", env_error=broken,
+                               error="page did not load" if broken else "")
 
     def step(self, text):
-        ok = "click('1')" in text and self.task == "click-button"
+        ok = "click('1')" in text and self.task in ("click-button", "focus-text")
         return SimpleNamespace(text="", goal="x", env_error=False), float(ok), True, {
             "action": text, "error": "", "success": ok, "env_error": False}
 
@@ -165,19 +181,56 @@ class SolvedPage:
         pass
 
 
-def test_probe_leaves_out_the_tasks_the_start_policy_solves(tok, capsys):
-    args = train.parse_args(["--mode", "real", "--tasks", "click-button,enter-text", "--probe-seeds", "3",
+class GreedyOnly(MixedReplies):
+    """Answers click('1'), and records the temperatures and prompts it was asked for."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.temperatures, self.calls = [], 0
+
+    def generate(self, prompts, **kw):
+        self.temperatures.append(kw.get("temperature"))
+        return super().generate(prompts, **kw)
+
+
+def test_probe_leaves_out_the_tasks_the_start_policy_solves(tok, capsys, monkeypatch):
+    tasks = ["click-button", "enter-text", "click-link", "focus-text"]
+    args = train.parse_args(["--mode", "real", "--tasks", ",".join(tasks), "--probe-seeds", "3",
                              "--max-new-tokens", "8"])
+    SolvedPage.resets.clear()
+    gen = GreedyOnly(tok)
     pool = EnvPool(SolvedPage, tok, num_envs=2)
     try:
-        probed = real.probe(args, MixedReplies(tok), tok, pool, 0, 1)
+        probed = real.probe(args, gen, tok, pool, 0, 1)
+        # two ranks: each rolls out its share, the counts are summed over both (all_sums stood in for)
+        shares = []
+        monkeypatch.setattr(real.distributed, "all_sums", lambda flat, world: shares.append(flat) or flat)
+        SolvedPage.resets.clear()
+        rank0, rank1 = (real.probe(args, gen, tok, pool, r, 2) for r in (0, 1))
     finally:
         pool.close()
-    assert probed == {"click-button": (3, 3), "enter-text": (0, 3)}
+    assert set(gen.temperatures) == {0.0}  # greedy, as the evaluation
+    # enter-text: 0 of 3; click-link: no valid episode; focus-text: 2 of 2 valid (its first page broke)
+    assert probed == {"click-button": (3, 3), "enter-text": (0, 3), "click-link": (0, 0), "focus-text": (2, 2)}
+    summed = [a + b for a, b in zip(*shares)]
+    assert sum(shares[0][1::2]) + sum(shares[1][1::2]) == 3 * 3 - 1  # 12 jobs split across ranks, 3 + 1 env_error
+    assert sum(shares[0][1::2]) and sum(shares[1][1::2])  # each rank rolled out a share
+    assert summed[0:2] == [3.0, 3.0] and summed[2:4] == [0.0, 3.0]
     cur = curriculum.Curriculum(args.tasks, args.group_size)
-    assert real.leave_out_solved(cur, probed) == ["click-button"] and cur.drawable() == ["enter-text"]
-    everything = curriculum.Curriculum(args.tasks, args.group_size)  # all solved: nothing is left out
-    assert real.leave_out_solved(everything, {"click-button": (3, 3), "enter-text": (2, 2)}) == []
-    with pytest.raises(SystemExit):
-        train.parse_args(["--mode", "dream", "--real-ratio", "1", "--probe-seeds", "3"])
-    assert "--probe-seeds N (>= 0) applies to --mode real" in capsys.readouterr().err
+    # only click-button was solved on all 3: a task with an episode lost to env_error stays in
+    assert real.leave_out_solved(cur, probed, 3) == ["click-button"]
+    assert cur.drawable() == ["enter-text", "click-link", "focus-text"]
+    everything = curriculum.Curriculum(["click-button", "enter-text"], args.group_size)  # all solved: none left out
+    assert real.leave_out_solved(everything, {"click-button": (3, 3), "enter-text": (3, 3)}, 3) == []
+    import webarena_lite
+
+    for v in webarena_lite.SITE_VARS:  # a WebArena-Lite run's sites (never contacted by parse_args)
+        monkeypatch.setenv(v, "http://gpu-node:1")
+    for argv, message in ((["--mode", "dream", "--real-ratio", "1", "--probe-seeds", "3"],
+                           "--probe-seeds N (>= 0) applies to --mode real"),
+                          (["--mode", "real", "--benchmark", "webarena-lite", "--probe-seeds", "3"],
+                           "every seed of a webarena-lite task is the same episode"),
+                          (["--mode", "real", "--probe-seeds", "10001"], "only 10000 training seeds")):
+        with pytest.raises(SystemExit):
+            train.parse_args(argv)
+        assert message in capsys.readouterr().err
