@@ -5,7 +5,6 @@ import re
 
 import playwright
 import psutil
-from playwright.sync_api import sync_playwright
 
 import browser
 import sandbox
@@ -33,16 +32,18 @@ def test_our_one_switch_repeats_every_feature_playwright_disables():
 def test_the_browser_keeps_playwrights_features_disabled():
     """The browser hands its child processes the features it resolved (one sorted switch): every one
     Playwright disables is among them (before the fix, HttpsUpgrades, PaintHolding, ... were not)."""
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=browser.chromium_path(), args=sandbox.chromium_args(None))
-        try:
-            b.new_page().goto("about:blank")
-            main = [proc for proc in psutil.Process().children(recursive=True)  # the browser: the driver's child
-                    if "--remote-debugging-pipe" in proc.cmdline() and proc.parent().name() != "chromium"]
-            assert len(main) == 1, main
-            resolved = [_disable_features(c.cmdline()) for c in main[0].children(recursive=True)]
-        finally:
-            b.close()
+    marker = "--webdream-test-sandbox"  # finds this browser among any others the test process runs
+    # this thread's one Playwright (a second sync_playwright() on a thread that has one fails)
+    b = browser.thread_playwright().chromium.launch(executable_path=browser.chromium_path(),
+                                                    args=sandbox.chromium_args(None) + [marker])
+    try:
+        b.new_page().goto("about:blank")
+        main = [proc for proc in psutil.Process().children(recursive=True)  # the browser: the driver's child
+                if marker in proc.cmdline() and proc.parent().name() != "chromium"]
+        assert len(main) == 1, main
+        resolved = [_disable_features(c.cmdline()) for c in main[0].children(recursive=True)]
+    finally:
+        b.close()
     resolved = [s for s in resolved if s]
     assert resolved and all(len(s) == 1 for s in resolved)
     for s in resolved:
