@@ -101,13 +101,10 @@ def probe(args, gen, tok, pool, rank: int, world: int) -> dict[str, tuple[int, i
     jobs = [(t, s) for t in args.tasks for s in seeds][rank::world]
     trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
                                 prompt=args.prompt, progress=rank == 0, desc="probe")
-    flat = [0.0] * (2 * len(args.tasks))
-    for t in trajs:
-        if not t["env_error"]:
-            i = args.tasks.index(t["task"])
-            flat[2 * i] += float(t["success"])
-            flat[2 * i + 1] += 1.0
-    flat = distributed.all_sums(flat, world)
+    import stats
+
+    rows = stats.summarise(trajs, args.tasks)["tasks"]  # this rank's successes and valid episodes a task
+    flat = distributed.all_sums([float(x) for t in args.tasks for x in (rows[t]["successes"], rows[t]["n"])], world)
     return {task: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, task in enumerate(args.tasks)}
 
 
@@ -142,7 +139,7 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
                              f"world {world}")
     evaluating = lambda i: args.eval_every and (i % args.eval_every == 0 or i == args.iterations)
     try:
-        if it == 0 and args.probe_seeds and not cur.left_out:
+        if it == 0 and args.probe_seeds:
             with distributed.full_params(model, opt):
                 probed = probe(args, gen, tok, pool, rank, world)
             solved = leave_out_solved(cur, probed, args.probe_seeds)
