@@ -252,7 +252,7 @@ class PersistentBrowserEnv(BrowserEnv):
             self.launch()
         self.context = self.browser.new_context(
             viewport=self.task.viewport, locale=self.task.locale, timezone_id=self.task.timezone_id)
-        # Playwright's own waits: BrowserGym's actions pass 500 ms; everything else without a timeout
+        # Playwright's own waits: actions page_actions.ACTION_TIMEOUT_MS; everything else without a timeout
         # argument waits at most timeout_ms; navigations max(timeout_ms, 10 s). evaluate() and DevTools
         # calls have no timeout: WebEnv's watchdog bounds them.
         self.context.set_default_timeout(self.timeout_ms)

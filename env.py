@@ -211,7 +211,7 @@ class WebEnv:
 
     What a step does when the page misbehaves (tests/test_env_faults.py feeds each case):
     - an action on an element that is gone or hidden: an error the agent sees in Obs.error
-      ("Could not find element with bid", "Timeout 500ms exceeded"); the episode goes on;
+      ("Could not find element with bid", "Timeout 3000ms exceeded"); the episode goes on;
     - the page navigates or reloads while it is being validated/observed: the observation is taken
       again on the new document. A task page that navigated elsewhere or reloaded ends the episode
       with reward 0 and info["error"] saying so (the page left the task, as in BrowserGym; not env_error);
@@ -226,11 +226,12 @@ class WebEnv:
     After a fault the context is closed at once (a runaway page stops using CPU and memory); the
     next reset opens a fresh context in the same browser, or relaunches it if the browser died.
 
-    Time bounds. Playwright waits on its own for at most: 500 ms for an action's element (BrowserGym's
-    actions), `timeout_ms` (5 s) for anything else that takes a timeout, max(timeout_ms, 10 s) for a
-    navigation, 3 s per page and frame for loading. JavaScript evaluation and DevTools calls (validation,
-    bid marking, the accessibility tree) have no timeout: a page whose script never yields blocks them
-    forever. So a watchdog thread bounds each call in wall-clock time. A step() still running after
+    Time bounds. Playwright waits on its own for at most: page_actions.ACTION_TIMEOUT_MS (3 s) for an
+    action's element (BrowserGym's actions; their own 500 ms failed clicks under load), `timeout_ms`
+    (5 s) for anything else that takes a timeout, max(timeout_ms, 10 s) for a navigation, 3 s per page
+    and frame for loading. JavaScript evaluation and DevTools calls (validation, bid marking, the
+    accessibility tree) have no timeout: a page whose script never yields blocks them forever.
+    So a watchdog thread bounds each call in wall-clock time. A step() still running after
     `step_timeout` s (15) gets this env's renderer processes SIGKILLed; the page's crash handler closes
     the page, which fails the blocked call at once. If the call still runs `kill_grace` s (3) later (a
     DevTools call in flight does not notice the renderer's death), the whole browser is killed. The

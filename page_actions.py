@@ -7,7 +7,8 @@ do not act on what the agent sees.
     ns["click"]("13"); ns["select_option"]("9", "Blue")             # (actions.split_action's name, args)
 
 - BrowserGym's library (browsergym-core 0.14.3: its "chat", "infeas", "bid", "coord", "nav" and "tab"
-  subsets, no demo mode, no retry with force), compiled once at import and exec'd into each namespace:
+  subsets, no demo mode, no retry with force), its Playwright waits of 500 ms raised to
+  ACTION_TIMEOUT_MS (below), compiled once at import and exec'd into each namespace:
   safe, it is BrowserGym's own code; model text is never executed (actions.py parses it into a name
   and literal arguments). The tab functions (new_tab, tab_focus, tab_close) rebind the namespace's
   "page" to the tab they make active: the caller reads it back after the call;
@@ -19,6 +20,7 @@ do not act on what the agent sees.
 from __future__ import annotations
 
 import inspect
+import re
 
 from browsergym.core.action import functions as _bg_functions
 from browsergym.core.action.highlevel import HighLevelActionSet
@@ -26,25 +28,49 @@ from browsergym.core.action.highlevel import HighLevelActionSet
 from actions import WEB_ACTIONS
 from axtree import clean, quote
 
+# How long an action waits for its element to be actionable (attached, visible, stable, enabled,
+# receiving events), in ms. BrowserGym passes 500 to every Playwright call of its actions. That is a
+# wall-clock bound on work the page does at the speed of its renderer: with 16 browsers on two cores a
+# click on a plain, visible button of click-button-sequence met it on its first action (rl-e9's probe,
+# docs/rl.md), and 2-12 of the 300 episodes of an evaluation met it, more under load. A timeout is an error
+# the agent sees, so the load wrote failures into rewards and evaluations. 3 s holds under that load;
+# an element that never becomes actionable (hidden, covered) now costs 3 s of waiting, not CPU.
+ACTION_TIMEOUT_MS = 3000
+_BROWSERGYM_TIMEOUT = re.compile(r"\btimeout=500\b")
+
+
+def _with_timeout(source: str, where: str) -> str:
+    """BrowserGym's action source with its 500 ms Playwright timeouts read from the namespace's
+    ACTION_TIMEOUT_MS. Errors: RuntimeError when the source has none (a BrowserGym whose waits changed)."""
+    out, n = _BROWSERGYM_TIMEOUT.subn("timeout=ACTION_TIMEOUT_MS", source)
+    if not n:
+        raise RuntimeError(f"{where}: no 'timeout=500' in BrowserGym's action source; check ACTION_TIMEOUT_MS's rewrite")
+    return out
+
+
 _ACTION_SET = HighLevelActionSet(subsets=["chat", "infeas", "bid", "coord", "nav", "tab"], demo_mode="off", strict=True,
                                  multiaction=False, retry_with_force=False)
-_ACTION_CODE = compile(_ACTION_SET.python_includes, "<browsergym actions>", "exec")
+_ACTION_CODE = compile(_with_timeout(_ACTION_SET.python_includes, "actions"), "<browsergym actions>", "exec")
 # check() and uncheck() are in BrowserGym's function library but in none of its action subsets
 # (browsergym-core 0.14.3 comments them out); the grammar allows them, so they join the namespace.
-_EXTRA_ACTION_CODE = compile("\n\n".join(inspect.getsource(f) for f in (_bg_functions.check, _bg_functions.uncheck)),
-                             "<browsergym actions: check, uncheck>", "exec")
+_EXTRA_ACTION_CODE = compile(_with_timeout("\n\n".join(inspect.getsource(f) for f in (_bg_functions.check, _bg_functions.uncheck)),
+                                           "check, uncheck"), "<browsergym actions: check, uncheck>", "exec")
 
 
-def action_namespace(send_message, report_infeasible=None) -> dict:
+def action_namespace(send_message, report_infeasible=None, timeout_ms: int = ACTION_TIMEOUT_MS) -> dict:
     """A fresh namespace holding a function for every action of the grammars (actions.WEB_ACTIONS, which
     holds MiniWoB's, but noop); its "page" must be set before each call. send_message(text): what
-    send_msg_to_user does; report_infeasible(reason): what report_infeasible does (nothing by default).
+    send_msg_to_user does; report_infeasible(reason): what report_infeasible does (nothing by default);
+    timeout_ms: how long an action waits for its element (ACTION_TIMEOUT_MS; the namespace's
+    "ACTION_TIMEOUT_MS", read at each call).
     Errors: RuntimeError if an action of the grammar has no function (it would fail every episode)."""
     ns: dict = {"page": None, "DEMO_MODE": False, "send_message_to_user": send_message,
-                "report_infeasible_instructions": report_infeasible or (lambda reason: None)}
+                "report_infeasible_instructions": report_infeasible or (lambda reason: None),
+                "ACTION_TIMEOUT_MS": timeout_ms}
     exec(_ACTION_CODE, ns)  # safe: BrowserGym's own action library, compiled at import
     exec(_EXTRA_ACTION_CODE, ns)  # safe: check/uncheck from the same library
-    ns["select_option"] = lambda bid, options: select_options(ns["get_elem_by_bid"](ns["page"], bid), bid, options)
+    ns["select_option"] = lambda bid, options: select_options(ns["get_elem_by_bid"](ns["page"], bid), bid, options,
+                                                              ns["ACTION_TIMEOUT_MS"])
     missing = [a for a in WEB_ACTIONS if a != "noop" and not callable(ns.get(a))]
     if missing:
         raise RuntimeError(f"no function for the grammar's actions {missing}")
@@ -56,14 +82,14 @@ _OPTIONS_JS = "el => el.tagName === 'SELECT' ? [...el.options].map(o => [o.label
 MAX_OPTIONS_SHOWN = 20  # an error names at most this many options, then how many more there are
 
 
-def select_options(elem, bid: str, wanted) -> None:
+def select_options(elem, bid: str, wanted, timeout_ms: int = ACTION_TIMEOUT_MS) -> None:
     """Select in the <select> `elem` (a Playwright Locator) each option `wanted` names (one text or a
     list): the option whose label, the text the tree shows (whitespace collapsed), is that text; the
     option whose value is that text only when no label is. Errors, each naming the element's options for
     the agent, and selecting nothing: ValueError for an option that no label or value matches, for one
     that several options match, for an element that is not a <select>; Playwright's own error for
     several options in a <select> without `multiple`."""
-    options = clean(elem.evaluate(_OPTIONS_JS, timeout=500))
+    options = clean(elem.evaluate(_OPTIONS_JS, timeout=timeout_ms))
     if isinstance(options, str):
         raise ValueError(f"select_option works on a <select> (a combobox or listbox in the tree); [{bid}] is a <{options}>")
     labels = [" ".join(label.split()) for label, _ in options]
@@ -78,4 +104,4 @@ def select_options(elem, bid: str, wanted) -> None:
             why = f"{len(hits)} options of [{bid}] match {quote(w)}" if hits else f"[{bid}] has no option {quote(w)}"
             raise ValueError(f"{why}; its options: {shown}")
         picked.append(hits[0])
-    elem.select_option(index=list(dict.fromkeys(picked)), timeout=500)
+    elem.select_option(index=list(dict.fromkeys(picked)), timeout=timeout_ms)
