@@ -331,7 +331,9 @@ def update_config(args) -> update.UpdateConfig:
                                clip_high=args.clip_high, kl_coef=args.kl_coef,
                                neg_adv_weight=args.neg_adv_weight, ppo_epochs=args.ppo_epochs,
                                minibatches=args.minibatches, micro_batch=args.micro_batch,
-                               temperature=args.temperature, max_grad_norm=args.max_grad_norm, bf16=bool(args.bf16))
+                               temperature=args.temperature, max_grad_norm=args.max_grad_norm, bf16=bool(args.bf16),
+                               # HF sampling in fp32 ran these very weights: its log-probs are pi_old's (vLLM's are not)
+                               old_from_rollout=args.generator == "hf" and not args.bf16)
 
 
 def build_model(args, device, path=None, fsdp=None):

@@ -11,7 +11,11 @@ env_error trajectories are left out before anything is counted: neither success 
 The batch is used `ppo_epochs` times; each pass shuffles the trajectories and cuts them into
 `minibatches` parts, one optimizer step each (so the clipped ratio acts from the second step on).
 pi_old, the sampling-time policy, is scored once before the first step; with a single step pi_old
-is the current policy itself (ratio exactly 1). The loss of one step is the mean over its part's
+is the current policy itself (ratio exactly 1). With `old_from_rollout` pi_old is read instead from
+the log-probs each turn stored when it was sampled (records.Turn.response_logprobs): the same numbers
+to float rounding when the rollout sampled with the trainer's own weights in the same precision
+(generators.HFGenerator without --bf16; train.py decides), one forward pass over the batch fewer.
+Turns without them (expert trajectories, which carry an "advantage") are scored as before. The loss of one step is the mean over its part's
 trajectories (mgrpo.token_weights' aggregation, or GSPO's per-trajectory mean), with the counts
 taken over every rank (distributed.all_sums), and the ranks' gradients are summed: a rank with a
 smaller share weighs each of its trajectories the same as a rank with a larger one. Trajectories
@@ -54,6 +58,7 @@ class UpdateConfig:
     temperature: float = 1.0         # the sampling temperature: log-probs are of softmax(logits / T)
     max_grad_norm: float = 1.0
     bf16: bool = False
+    old_from_rollout: bool = False   # pi_old = each turn's response_logprobs (sampled by these very weights)
 
 
 def score(model, tok, batch: list[tuple], temperature: float, bf16: bool, device) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -146,16 +151,24 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
     n_updates = cfg.ppo_epochs * cfg.minibatches
     # pi_old (when several steps share the batch) and the reference log-probs, scored once up front
     old, ref_lp = {}, {}
+    if n_updates > 1 and cfg.old_from_rollout:  # the sampling-time log-probs are pi_old's own
+        turns = [u for t in valid for u in t["turns"] if u.get("response_ids")]  # samples' order
+        for k, u in enumerate(turns):
+            lp = u.get("response_logprobs")
+            if "advantage" not in valid[samples[k][0]] and lp is not None and len(lp) == len(u["response_ids"]):
+                old[k] = torch.tensor(lp, dtype=torch.float32, device=device)
     if trained and (n_updates > 1 or ref is not None):
         model.eval()
         with torch.no_grad():
-            for mb in batches_for(cfg.loss, trained, by_traj, samples, cfg.micro_batch):
-                batch = [samples[k] for k in mb]
-                for net, store in ((model, old), (ref, ref_lp)):
-                    if net is None or (net is model and n_updates == 1):
+            for net, store in ((model, old), (ref, ref_lp)):
+                if net is None or (net is model and n_updates == 1):
+                    continue
+                for mb in batches_for(cfg.loss, trained, by_traj, samples, cfg.micro_batch):
+                    todo = [k for k in mb if k not in store]
+                    if not todo:
                         continue
-                    lp, _, L = score(net, tok, batch, cfg.temperature, cfg.bf16, device)
-                    for j, k in enumerate(mb):
+                    lp, _, L = score(net, tok, [samples[k] for k in todo], cfg.temperature, cfg.bf16, device)
+                    for j, k in enumerate(todo):
                         store[k] = lp[j, L - len(samples[k][2]):]
     model.train()
     agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0, "loss/updates": 0,

@@ -100,3 +100,37 @@ def test_rl_raises_the_rewarded_action(tok, loss, epochs, minibatches):
     assert after[k] > before[k] + 0.1, (before, after)  # a clear rise, not noise
     assert after[k] > max(after[j] for j in range(len(ACTIONS)) if j != k)
     assert clip_seen > 0  # the later steps of a batch were off-policy enough for the clip to act
+
+
+def test_pi_old_read_from_the_rollout_gives_the_update_of_pi_old_rescored(tok):
+    # pi_old = the log-probs each turn stored when it was sampled (UpdateConfig.old_from_rollout, train.py's
+    # default with HF sampling): the same optimizer steps as scoring pi_old again, one forward pass fewer.
+    # A misaligned, shifted or wrongly tempered log-prob moves the ratio off 1 and changes the steps.
+    # (SGD: a step linear in the gradient; Adam turns float rounding in a near-zero gradient into a full step.)
+    import copy
+
+    torch.manual_seed(0)
+    model = policy.tiny_model(tok)
+    prompts = [compress.PromptSettings().build(tok, [], PAGE.replace("right", w)) for w in ("right", "left")]
+    samples = policy.generate(model, tok, [p for p in prompts for _ in range(4)], max_new_tokens=8, temperature=0.7)
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    trajs = [{"task": "fake", "seed": j // 4, "reward": rewards[j], "env_error": False, "success": bool(rewards[j]),
+              "turns": [{"prompt_ids": prompts[j // 4], "response_ids": s.ids, "response_logprobs": s.logprobs}]}
+             for j, s in enumerate(samples)]
+    trajs[7]["turns"][0].pop("response_logprobs")  # a turn without them is scored as before
+    after, forwards = [], []
+    for from_rollout in (False, True):
+        net = copy.deepcopy(model)
+        calls = [0]
+        net.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        cfg = update.UpdateConfig(minibatches=2, micro_batch=8, temperature=0.7, old_from_rollout=from_rollout)
+        stats = update.policy_update(net, opt, tok, trajs, cfg, "cpu", 1, seed=0)
+        assert stats["loss/updates"] == 2, stats
+        after.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
+        forwards.append(calls[0])
+    start = torch.cat([p.detach().flatten() for p in model.parameters()])
+    moved = (after[0] - start).abs().max()
+    assert moved > 1e-4  # the steps did something
+    assert (after[1] - after[0]).abs().max() < 1e-3 * moved, ((after[1] - after[0]).abs().max(), moved)
+    assert forwards[1] < forwards[0], forwards
