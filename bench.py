@@ -143,13 +143,14 @@ def first_turn_prompts(tok, demos: str, n: int, prompt: compress.PromptSettings)
 def bench_generation(model, tok, prompts: list[list[int]], groups=(1, 4, 8), max_new_tokens: int = 32,
                      repeats: int = 2) -> list[dict]:
     """Seconds to sample G replies to one prompt (temperature 1), with the prompt prefilled once and
-    its KV cache shared (policy.generate's default) or prefilled G times, and with Hugging Face's
-    own generate for reference; the mean over `prompts` and `repeats`, and tokens sampled."""
+    its KV cache shared (policy.generate's default; also with the cache grown by torch.cat every token,
+    as before policy._preallocate) or prefilled G times, and with Hugging Face's own generate for
+    reference; the mean over `prompts` and `repeats`, and tokens sampled."""
     import torch
 
     rows = []
     for g in groups:
-        for mode in ("shared", "separate", "hf-generate"):
+        for mode in ("shared", "shared-growing-cache", "separate", "hf-generate"):
             if g == 1 and mode == "separate":  # (the same thing)
                 continue
             t_sum, toks, n = 0.0, 0, 0
@@ -165,7 +166,8 @@ def bench_generation(model, tok, prompts: list[list[int]], groups=(1, 4, 8), max
                         toks += int((out[:, len(p):] != tok.pad_token_id).sum())
                     else:
                         samples = policy.generate(model, tok, [p] * g, max_new_tokens=max_new_tokens, temperature=1.0,
-                                                  share_prefill=mode == "shared")
+                                                  share_prefill=mode != "separate",
+                                                  preallocate=mode != "shared-growing-cache")
                         toks += sum(len(s.ids) for s in samples)
                     t_sum += time.perf_counter() - t0
                     n += 1
@@ -252,7 +254,8 @@ def main():
         md += [f"| {r['G']} | {r['mode']} | {r['s_per_group']:.3f} | {r['vs_one_prompt']:.2f}x | {r['tokens_per_group']:.1f} | "
                f"{r['prompt_tokens']:.0f} |" for r in rows]
         md += ["", "a group's first turn: G samples (temperature 1) of one first-turn prompt, 6 tasks' prompts x 2 repeats; "
-               "shared = one prefill whose KV cache is copied to the G replies (policy.generate), separate = G prefills, "
+               "shared = one prefill whose KV cache is copied to the G replies (policy.generate), shared-growing-cache = "
+               "the same with the KV cache grown by torch.cat every token (preallocate=False), separate = G prefills, "
                "hf-generate = Hugging Face's generate on G copies", ""]
     if a.only in (None, "compression"):
         rows, mem = bench_compression(tok, a.ckpt)

@@ -195,9 +195,68 @@ def _cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
+def _preallocate(cache, room: int) -> None:
+    """Give each layer of a transformers DynamicCache room for `room` more tokens: its keys and values
+    become views into buffers allocated once, and a decode step writes its token into them in place.
+    DynamicLayer.update instead torch.cat's the whole cache into a fresh allocation every step, and on
+    the CPU those growing allocations cost about 40% of a decode step's time (new pages each time;
+    docs/speed.md). The same numbers either way. Layers of other kinds (sliding windows, quantized) are
+    left as they are; so is a cache without `layers` (older transformers)."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
+            layer.__class__ = _preallocated_layer()
+            layer.reserve(room)
+
+
+def _preallocated_layer():
+    """The DynamicLayer subclass _preallocate gives its layers (made once: transformers loads lazily)."""
+    global _PreallocatedLayer
+    if _PreallocatedLayer is not None:
+        return _PreallocatedLayer
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A DynamicLayer whose keys/values (B, H, T, D) are the first T positions of buffers with room
+        for more; update() writes new positions in place (growing the buffers only when they are full)."""
+
+        def reserve(self, room: int) -> None:
+            B, H, T, D = self.keys.shape
+            self._k = self.keys.new_empty((B, H, T + room, D))
+            self._v = self.values.new_empty((B, H, T + room, self.values.shape[-1]))
+            self._k[:, :, :T] = self.keys
+            self._v[:, :, :T] = self.values
+            self.keys, self.values = self._k[:, :, :T], self._v[:, :, :T]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            T, n = self.keys.shape[-2], key_states.shape[-2]
+            if T + n > self._k.shape[-2]:
+                self.reserve(max(n, T))  # full: double (never inside generate, which reserves enough)
+            self._k[:, :, T:T + n] = key_states
+            self._v[:, :, T:T + n] = value_states
+            self.keys, self.values = self._k[:, :, :T + n], self._v[:, :, :T + n]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            super().batch_select_indices(indices)
+            self.reserve(self._k.shape[-2] - self.keys.shape[-2])
+
+        def batch_repeat_interleave(self, repeats: int):
+            super().batch_repeat_interleave(repeats)
+            self.reserve(self._k.shape[-2] - self.keys.shape[-2])
+
+    _PreallocatedLayer = PreallocatedLayer
+    return PreallocatedLayer
+
+
+_PreallocatedLayer = None  # the class, made on first use (transformers is imported lazily)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int = 32, temperature: float = 1.0,
-             batch_size: int = 16, bf16: bool = False, share_prefill: bool = True) -> list[Sample]:
+             batch_size: int = 16, bf16: bool = False, share_prefill: bool = True,
+             preallocate: bool = True) -> list[Sample]:
     """Sample one reply per prompt, batched: prefill, then one token at a time with a KV cache.
 
     prompts: token id lists (already rendered through the chat template). temperature 0 is greedy.
@@ -210,6 +269,8 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
     and the distinct prompts' common prefix (the system prompt at least) is prefilled once for all.
     The replies' distribution and log-probs are those of separate prefills (to float rounding).
     At most `batch_size` replies decode together; their distinct prompts prefill together.
+    preallocate: the KV cache gets room for the reply once, after the prefill (_preallocate), instead of
+    growing by a copy of itself every token; the same numbers.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -252,6 +313,8 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
         cache = _cache_of(out)
         if len(rows) != len(chunk):
             cache.batch_select_indices(expand)  # each distinct prompt's KV, once per reply
+        if preallocate:
+            _preallocate(cache, max_new_tokens)
         mask = mask[expand]
         logits = out.logits[:, -1].float()[expand]  # (B, V)
         B = len(rows)

@@ -95,6 +95,41 @@ def test_shared_prefill_gives_the_same_replies_and_logprobs_as_separate_prefills
         assert torch.allclose(lp[j, L - len(s.ids):], torch.tensor(s.logprobs), atol=1e-5)
 
 
+def test_preallocated_kv_cache_gives_the_same_replies_and_logprobs(tok, model, prompts):
+    # generate writes each new token into a KV cache allocated once (policy._preallocate) instead of
+    # growing it by torch.cat: a group's shared prefill, other prompts beside it, sampled and greedy
+    ps = [prompts[0]] * 3 + [prompts[1]] * 2 + [prompts[0] + prompts[1][-5:]]
+    for temperature in (1.0, 0.0):
+        out = []
+        for preallocate in (True, False):
+            torch.manual_seed(11)
+            out.append(policy.generate(model, tok, ps, max_new_tokens=12, temperature=temperature,
+                                       preallocate=preallocate))
+        for a, b in zip(*out):
+            assert a.ids == b.ids and a.truncated == b.truncated
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
+    # the layer itself: in-place writes, growth past its room, and batch reindexing, against torch.cat
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(0)
+    k0, v0 = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    ref, pre = DynamicCache(), DynamicCache()
+    for c in (ref, pre):
+        c.update(k0.clone(), v0.clone(), 0)
+    policy._preallocate(pre, 2)
+    assert type(pre.layers[0]).__name__ == "PreallocatedLayer"
+    for step in range(4):  # the third write finds the buffers full and grows them
+        k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        if step == 1:
+            for c in (ref, pre):
+                c.batch_select_indices(torch.tensor([1, 1, 0]))
+            k, v = torch.randn(3, 3, 1, 4), torch.randn(3, 3, 1, 4)
+        if step > 1:
+            k, v = torch.randn(3, 3, 1, 4), torch.randn(3, 3, 1, 4)
+        a, b = ref.update(k, v, 0), pre.update(k, v, 0)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), step
+
+
 def test_identical_prompts_sample_independently(tok, model, prompts):
     # copies of one prompt share a prefill, not their draws: 16 samples of 8 tokens are not all equal
     torch.manual_seed(0)
