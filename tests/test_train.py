@@ -69,8 +69,8 @@ def trajectory(tok, seed, reward, actions, observation, env_error=False):
     history, turns = [], []
     for a in actions:
         reply = tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
-        turns.append({"prompt_ids": compress.build_prompt(tok, history, observation), "response_ids": reply,
-                      "response_logprobs": [0.0] * len(reply)})
+        # no response_logprobs: these replies were not sampled, so the update scores pi_old itself
+        turns.append({"prompt_ids": compress.build_prompt(tok, history, observation), "response_ids": reply})
         history.append({"observation": observation, "response": a})
     return {"task": "click-button", "seed": seed, "env_error": env_error, "reward": reward, "success": reward == 1.0,
             "turns": turns}
