@@ -1,7 +1,7 @@
 # webdream: setup, the main job on the embedded defaults, tests.
 #   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (85 min by stages on one
 #               2-core machine, about 2 h on a slower one: docs/rl.md, rl-e9)
-#   make test   the test suite (real Chromium, real tokenizer, tiny models; about 6.5 minutes on 2 cores)
+#   make test   the test suite (real Chromium, real tokenizer, tiny models; 6.5 min on 2 cores, 12.6 on a slower machine)
 PY      ?= python
 RUNS    ?= runs
 NPROC   ?= 1

@@ -25,6 +25,10 @@ class HFGenerator:
     rank then holds the full weights and generates on its own, however many calls it makes.
     """
 
+    # its samples' log-probs are those the trainer would compute for pi_old (the same weights; fp32
+    # unless bf16): update.UpdateConfig.old_from_rollout reads them instead of scoring again
+    logprobs_are_pi_old = True
+
     def __init__(self, model, tokenizer, bf16: bool = False, batch_size: int = 16):
         self.model, self.tokenizer, self.bf16, self.batch_size = model, tokenizer, bf16, batch_size
 

@@ -1,7 +1,7 @@
 """Playwright's errors as an agent reads them, and which of them mean the browser is gone.
 
     from page_errors import short_error, is_fatal, is_navigation_race, shorten
-    short_error(e)          # "TimeoutError: Timeout 500ms exceeded." (+ which element covers the target)
+    short_error(e)          # "TimeoutError: Timeout 3000ms exceeded." (+ which element covers the target)
     is_fatal(e)             # the browser, context or page is gone (not a bad action)
     is_navigation_race(e)   # the document was replaced under the call: observe again
 

@@ -219,7 +219,8 @@ def _preallocated_layer():
 
     class PreallocatedLayer(DynamicLayer):
         """A DynamicLayer whose keys/values (B, H, T, D) are the first T positions of buffers with room
-        for more; update() writes new positions in place (growing the buffers only when they are full)."""
+        for more; update() writes new positions in place. Whatever replaces keys/values (a batch
+        reindexing, a reorder) or fills the buffers gets new buffers at the next update."""
 
         def reserve(self, room: int) -> None:
             B, H, T, D = self.keys.shape
@@ -230,21 +231,17 @@ def _preallocated_layer():
             self.keys, self.values = self._k[:, :, :T], self._v[:, :, :T]
 
         def update(self, key_states, value_states, *args, **kwargs):
+            if self.keys.dim() != 4 or not self.keys.numel():  # emptied (reset): as DynamicLayer
+                return super().update(key_states, value_states, *args, **kwargs)
             T, n = self.keys.shape[-2], key_states.shape[-2]
-            if T + n > self._k.shape[-2]:
-                self.reserve(max(n, T))  # full: double (never inside generate, which reserves enough)
+            buf = getattr(self, "_k", None)
+            # keys no longer in the buffer (batch_select_indices, reorder_cache, ... replaced them), or full
+            if buf is None or self.keys.data_ptr() != buf.data_ptr() or T + n > buf.shape[-2]:
+                self.reserve(max(n, T, 16))
             self._k[:, :, T:T + n] = key_states
             self._v[:, :, T:T + n] = value_states
             self.keys, self.values = self._k[:, :, :T + n], self._v[:, :, :T + n]
             return self.keys, self.values
-
-        def batch_select_indices(self, indices):
-            super().batch_select_indices(indices)
-            self.reserve(self._k.shape[-2] - self.keys.shape[-2])
-
-        def batch_repeat_interleave(self, repeats: int):
-            super().batch_repeat_interleave(repeats)
-            self.reserve(self._k.shape[-2] - self.keys.shape[-2])
 
     _PreallocatedLayer = PreallocatedLayer
     return PreallocatedLayer

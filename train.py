@@ -325,15 +325,16 @@ def _least_budget(model: str, prompt: compress.PromptSettings) -> int | None:
     return compress.min_tokens(tok, prompt.system)
 
 
-def update_config(args) -> update.UpdateConfig:
-    """The policy update's knobs from the flags."""
+def update_config(args, gen=None) -> update.UpdateConfig:
+    """The policy update's knobs from the flags; `gen`, the rollouts' generator, says whether its
+    stored log-probs are pi_old's own (generators.HFGenerator.logprobs_are_pi_old: the trainer's weights,
+    fp32; not vLLM, bf16 or a scripted stand-in), which spares scoring pi_old again."""
     return update.UpdateConfig(loss=args.loss, aggregation=args.aggregation, clip_low=args.clip_low,
                                clip_high=args.clip_high, kl_coef=args.kl_coef,
                                neg_adv_weight=args.neg_adv_weight, ppo_epochs=args.ppo_epochs,
                                minibatches=args.minibatches, micro_batch=args.micro_batch,
                                temperature=args.temperature, max_grad_norm=args.max_grad_norm, bf16=bool(args.bf16),
-                               # HF sampling in fp32 ran these very weights: its log-probs are pi_old's (vLLM's are not)
-                               old_from_rollout=args.generator == "hf" and not args.bf16)
+                               old_from_rollout=bool(getattr(gen, "logprobs_are_pi_old", False)) and not args.bf16)
 
 
 def build_model(args, device, path=None, fsdp=None):
@@ -404,10 +405,10 @@ def main(argv=None):
         if args.mode == "dream":
             import dream
 
-            dream.train_dream(args, model, tok, opt, gen, logger, update_config(args), step, extra, rank, world, device,
+            dream.train_dream(args, model, tok, opt, gen, logger, update_config(args, gen), step, extra, rank, world, device,
                               ref=ref)
         else:
-            real.train_real(args, model, tok, opt, gen, logger, update_config(args), step, extra, rank, world, device,
+            real.train_real(args, model, tok, opt, gen, logger, update_config(args, gen), step, extra, rank, world, device,
                             ref=ref)
     finally:
         logger.close()

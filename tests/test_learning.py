@@ -82,6 +82,7 @@ def test_rl_raises_the_rewarded_action(tok, loss, epochs, minibatches):
                               minibatches=minibatches, micro_batch=8)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3 if loss == "mgrpo" else 1e-3)
     gen = generators.HFGenerator(model, tok)
+    cfg.old_from_rollout = gen.logprobs_are_pi_old  # as train.py: pi_old is the rollout's own log-probs
     pool = EnvPool(OneStepPage, tok, num_envs=16)
     clip_seen = 0.0
     try:
@@ -134,3 +135,18 @@ def test_pi_old_read_from_the_rollout_gives_the_update_of_pi_old_rescored(tok):
     assert moved > 1e-4  # the steps did something
     assert (after[1] - after[0]).abs().max() < 1e-3 * moved, ((after[1] - after[0]).abs().max(), moved)
     assert forwards[1] < forwards[0], forwards
+
+
+def test_train_reads_pi_old_from_the_rollout_only_for_the_trainers_own_fp32_samples(tok):
+    # the trainer's own HF sampling (fp32) stores pi_old's log-probs; a scripted stand-in, vLLM (no
+    # logprobs_are_pi_old) or --bf16 (sampling and scoring round differently) get pi_old scored again
+    import train
+    from scripted_train import ScriptedReplies
+
+    gen = generators.HFGenerator(policy.tiny_model(tok), tok)
+    args = train.parse_args(["--mode", "real", "--minibatches", "2"])
+    assert train.update_config(args, gen).old_from_rollout
+    assert not train.update_config(args).old_from_rollout
+    assert not train.update_config(args, ScriptedReplies.__new__(ScriptedReplies)).old_from_rollout
+    assert not generators.VLLMGenerator.__dict__.get("logprobs_are_pi_old", False)
+    assert not train.update_config(train.parse_args(["--mode", "real", "--minibatches", "2", "--bf16", "1"]), gen).old_from_rollout
