@@ -15,9 +15,9 @@ is the current policy itself (ratio exactly 1). With `old_from_rollout` pi_old i
 the log-probs each turn stored when it was sampled (records.Turn.response_logprobs): the same numbers
 to float rounding when the rollout sampled with the trainer's own weights in the same precision
 (generators.HFGenerator without --bf16; train.py decides), one forward pass over the batch fewer.
-Turns without them (expert trajectories, which carry an "advantage") are scored as before. The loss of one step is the mean over its part's
-trajectories (mgrpo.token_weights' aggregation, or GSPO's per-trajectory mean), with the counts
-taken over every rank (distributed.all_sums), and the ranks' gradients are summed: a rank with a
+Turns without them (expert trajectories, which carry an "advantage") are scored as before.
+The loss of one step is the mean over its part's trajectories (mgrpo.token_weights' aggregation,
+or GSPO's per-trajectory mean), with the counts taken over every rank (distributed.all_sums), and the ranks' gradients are summed: a rank with a
 smaller share weighs each of its trajectories the same as a rank with a larger one. Trajectories
 with a zero advantage count in the mean but are not run (without a KL term their gradient is 0).
 Micro-batches (`batches_for`): GSPO's are whole trajectories (its sequence ratio needs all of a
