@@ -48,7 +48,8 @@ def observation(text: str) -> env.Obs:
 
 class ScriptedReplies:
     """A generator with generators.py's contract whose reply to a prompt is `self.reply(prompt ids)`: the
-    text's token ids and the end-of-turn id, log-probs 0: not pi_old's own (no logprobs_are_pi_old), so train.py scores pi_old from the ids.
+    text's token ids and the end-of-turn id, log-probs 0: not pi_old's own (no logprobs_are_pi_old), so
+    train.py scores pi_old from the ids.
     push_weights does nothing: the weights are never read."""
 
     def __init__(self, tokenizer):
