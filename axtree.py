@@ -194,6 +194,82 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
+# Hidden content: what the page holds but does not show (for the world model only)
+#
+# A click that opens a tab or a collapsed section shows text that is in the DOM but in no
+# accessibility tree (display: none): no model can predict that text from the tree alone. The world
+# model's prompt (world_model.wm_messages) adds it from HIDDEN_JS, run on the page after BrowserGym
+# has marked the elements with bids (browser.py, WebEnv(hidden=True)); the policy never sees it.
+
+HIDDEN_MAX_LINES = 40  # lines and characters per page: a bound on the world model's prompt
+HIDDEN_MAX_CHARS = 2000
+
+# Every topmost element that has no layout box (display: none, itself or an ancestor) and holds text,
+# walked in document order: [depth, bid or null, role (the role attribute, else the tag), own text].
+# An element with a bid and no child elements is one row with its text; text nodes are StaticText rows.
+HIDDEN_JS = r"""(limits) => {
+  const [maxLines, maxChars] = limits;
+  const SKIP = new Set(['SCRIPT', 'STYLE', 'NOSCRIPT', 'TEMPLATE', 'SELECT', 'OPTION', 'HEAD']);
+  const out = []; let chars = 0;
+  const shown = el => el.getClientRects().length > 0 || getComputedStyle(el).display === 'contents';
+  const text = s => s.replace(/\s+/g, ' ').trim();
+  const emit = (row) => {
+    if (out.length >= maxLines || chars >= maxChars) return;
+    out.push(row); chars += row[3].length + 8;
+  };
+  const visit = (node, depth) => {
+    if (node.nodeType === Node.TEXT_NODE) {
+      const t = text(node.textContent);
+      if (t) emit([depth, null, 'StaticText', t]);
+      return;
+    }
+    if (node.nodeType !== Node.ELEMENT_NODE || SKIP.has(node.tagName.toUpperCase())) return;
+    const bid = node.getAttribute('bid');
+    let d = depth;
+    if (bid !== null) {
+      const leaf = node.children.length === 0;
+      emit([depth, bid, node.getAttribute('role') || node.tagName.toLowerCase(), leaf ? text(node.textContent) : '']);
+      if (leaf) return;
+      d = depth + 1;
+    }
+    for (const c of node.childNodes) visit(c, d);
+  };
+  const walk = el => {
+    for (const c of el.children) {
+      if (SKIP.has(c.tagName.toUpperCase())) continue;
+      if (!shown(c)) { if (text(c.textContent)) visit(c, 0); }
+      else walk(c);
+    }
+  };
+  if (document.body) walk(document.body);
+  return out;
+}"""
+
+# tags as the accessibility tree names their roles (for rows without a role attribute)
+_TAG_ROLES = {"p": "paragraph", "span": "generic", "div": "generic", "a": "link", "li": "listitem",
+              "ul": "list", "ol": "list", "h1": "heading", "h2": "heading", "h3": "heading", "h4": "heading",
+              "label": "LabelText", "input": "textbox", "textarea": "textbox", "table": "table", "tr": "row",
+              "td": "cell", "th": "columnheader", "img": "img"}
+
+
+def format_hidden(rows) -> str:
+    """HIDDEN_JS's rows as tree-like lines (`[27] paragraph 'Habitasse ...'`, `StaticText '...'`, one
+    space of indent per level, names written by `quote`). Untrusted page data: a row that is not
+    [int, str | None, str, str] is dropped, depth is clamped to 0-20 and bids must match BID."""
+    out = []
+    for row in rows if isinstance(rows, list) else ():
+        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], int) and isinstance(row[2], str)
+                and isinstance(row[3], str) and (row[1] is None or isinstance(row[1], str))):
+            continue
+        depth, bid, role, name = min(max(row[0], 0), 20), row[1], row[2], row[3]
+        if bid is not None and not re.fullmatch(BID, bid):
+            continue
+        role = _TAG_ROLES.get(role, role) if role.isalnum() else "generic"
+        out.append(" " * depth + (f"[{bid}] " if bid is not None else "") + role + (f" {quote(name)}" if name else ""))
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
 # Reading: text -> nodes
 
 STRING = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a str's repr (quote's output), escaped quotes included

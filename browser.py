@@ -69,8 +69,8 @@ from browsergym.core.observation import (  # noqa: E402
 )
 
 from actions import split_action  # noqa: E402
-from axtree import clean, clean_text, quote  # noqa: E402
-from page_actions import action_namespace  # noqa: E402
+from axtree import HIDDEN_JS, HIDDEN_MAX_CHARS, HIDDEN_MAX_LINES, clean, clean_text, quote  # noqa: E402
+from page_actions import ACTION_TIMEOUT_MS, action_namespace  # noqa: E402
 from page_errors import is_fatal, is_navigation_race, short_error, shorten  # noqa: E402
 from tabs import close_popups, follow_new_tabs, tab_lines  # noqa: E402
 
@@ -165,7 +165,8 @@ class PersistentBrowserEnv(BrowserEnv):
     """
 
     def __init__(self, task_entrypoint, headless: bool, timeout_ms: int, pre_observation_delay: float,
-                 marker: str, context_episodes: int = 100, hosts: frozenset[str] | None = None):
+                 marker: str, context_episodes: int = 100, hosts: frozenset[str] | None = None,
+                 observe_hidden: bool = False, action_timeout_ms: int = ACTION_TIMEOUT_MS):
         super().__init__(task_entrypoint=task_entrypoint, headless=headless, slow_mo=0,
                          pre_observation_delay=pre_observation_delay, action_mapping=None)
         self.timeout_ms = timeout_ms
@@ -173,12 +174,14 @@ class PersistentBrowserEnv(BrowserEnv):
         self.blocked: list[str] = []  # URLs aborted by the router in this episode
         self.popups_closed: list[str] = []  # URLs of the popups closed in this episode
         # every action's function (page_actions.py), `page` rebound before each (no exec of model text, ever)
-        self.ns = action_namespace(lambda text: self.chat.add_message("assistant", str(text)), self._infeasible)
+        self.ns = action_namespace(lambda text: self.chat.add_message("assistant", str(text)), self._infeasible,
+                                   timeout_ms=action_timeout_ms)
         self.hosts = None if hosts is None else frozenset(h.lower() for h in hosts)
         self.web = self.hosts is not None  # a general site's policy (else MiniWoB's)
         self.max_elements = WEB_MAX_PAGE_ELEMENTS if self.web else MAX_PAGE_ELEMENTS
         self.context_episodes = context_episodes
         self.episodes_in_context = 0
+        self.observe_hidden = observe_hidden  # also read the hidden content (axtree.HIDDEN_JS) for the world model
         self.crashed = False  # the page's renderer died (Playwright's "crash" event)
         self.events: list[str] = []  # what the page did beside the action (dialogs, tabs), for the next Obs
         self.doc_token = ""  # set in the task's document at reset: gone means the page was reloaded
@@ -432,10 +435,12 @@ class PersistentBrowserEnv(BrowserEnv):
                     continue
                 raise
             break
+        # the content without a layout box, its bids this tree's (made valid with the rest by the caller's clean)
+        hidden = page.evaluate(HIDDEN_JS, [HIDDEN_MAX_LINES, HIDDEN_MAX_CHARS]) if self.observe_hidden else []
         _post_extract(page)
         goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
         tabs = tab_lines(self, page) if self.web and len(self.context.pages) > 1 else []
-        return {"goal": goal, "url": page.url, "axtree_object": axtree, "tabs": tabs,
+        return {"goal": goal, "url": page.url, "axtree_object": axtree, "tabs": tabs, "hidden": hidden,
                 "last_action": self.last_action,
                 "last_action_error": self.last_action_error}
 

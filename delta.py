@@ -74,11 +74,12 @@ _OP_DONE = re.compile(r"done: *(yes|no|fail) *$")
 
 
 def as_state(o) -> dict:
-    """{goal, url, axtree, error} from an env.Obs, a dict (a recorded JSON observation) or a state."""
+    """{goal, url, axtree, error, hidden} from an env.Obs, a dict (a recorded JSON observation) or a state.
+    hidden: the page's content without a layout box (env.Obs.hidden), "" when not observed."""
     if is_dataclass(o):
         o = asdict(o)
     return {"goal": o.get("goal", "") or "", "url": o.get("url", "") or "", "axtree": o.get("axtree", "") or "",
-            "error": o.get("error", "") or ""}
+            "error": o.get("error", "") or "", "hidden": o.get("hidden", "") or ""}
 
 
 def tree_lines(axtree: str) -> list[str]:
@@ -339,7 +340,9 @@ def predicted_done(delta: str) -> bool:
 
 
 def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
-    """Apply Δ to o_t. Returns (o_next as a state dict {goal, url, axtree, error}, n_bad_lines).
+    """Apply Δ to o_t. Returns (o_next as a state dict {goal, url, axtree, error, hidden}, n_bad_lines).
+    Δ edits the tree (and the URL); o_next keeps o_t's hidden content as it is (a dream does not
+    know what a change hides: a panel a click shows stays listed there too).
 
     Tolerant of model output: a line that does not parse, names a REF that o_t lacks, edits a line
     already removed or changed, changes a line's bid, adds a bid that is already on the page (or was
@@ -414,7 +417,7 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
             out.append(changed.get(i, line))
         out.extend(after.get(i, ()))
     return {"goal": s["goal"], "url": header.get("url", s["url"]), "axtree": "\n".join(out),
-            "error": header.get("error", "")}, n_bad
+            "error": header.get("error", ""), "hidden": s["hidden"]}, n_bad
 
 
 def delta_lines(delta: str) -> list[str]:

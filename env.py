@@ -58,8 +58,9 @@ import watchdog
 import llm_judge
 import webarena_lite
 from actions import ACTION_SETS, ActionParseError, parse_action, split_action
-from axtree import flatten_axtree
+from axtree import flatten_axtree, format_hidden
 from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv
+from page_actions import ACTION_TIMEOUT_MS
 from page_errors import short_error
 
 from browsergym.miniwob import ALL_MINIWOB_TASKS  # (after browser, which sets MINIWOB_URL for it)
@@ -143,6 +144,10 @@ class Obs:
     # general sites with several tabs open: one line per tab, shown after the URL
     # ("Tab 1 (active): 'Results' http://shop/?q=bag"); MiniWoB has none
     tabs: tuple[str, ...] = ()
+    # the page's content without a layout box (display: none: a closed tab's panel, a collapsed section),
+    # tree-like lines (axtree.format_hidden); WebEnv(hidden=True) only, for the world model (world_model.py),
+    # never for the policy: `text` does not use it
+    hidden: str = field(default="", repr=False)
 
     @property
     def text(self) -> str:
@@ -208,6 +213,9 @@ class WebEnv:
     one thread (Playwright's sync API allows one thread per instance, so threads each get their own).
     screenshots=True: every Obs from reset/step carries `screenshot`, a JPEG (~3-6 kB) of MiniWoB's
     160x210 task area (SCREENSHOT_CLIP), or None if the capture failed (logged; the step goes on).
+    hidden=True: every Obs also carries `hidden`, the page's text without a layout box (axtree.HIDDEN_JS,
+    7-40 ms a page measured on MiniWoB), which the world model reads; transitions.collect_transitions sets it.
+    action_timeout_ms: how long an action waits for its element (default page_actions.ACTION_TIMEOUT_MS, 3 s).
 
     What a step does when the page misbehaves (tests/test_env_faults.py feeds each case):
     - an action on an element that is gone or hidden: an error the agent sees in Obs.error
@@ -252,7 +260,8 @@ class WebEnv:
     def __init__(self, task: str, max_steps: int = 10, headless: bool = True, timeout_ms: int | None = None,
                  pre_observation_delay: float = 0.0, max_tree_lines: int | None = None,
                  step_timeout: float | None = None, reset_timeout: float | None = None,
-                 kill_grace: float = watchdog.KILL_GRACE_S, screenshots: bool = False):
+                 kill_grace: float = watchdog.KILL_GRACE_S, screenshots: bool = False, hidden: bool = False,
+                 action_timeout_ms: int | None = None):
         self.benchmark = benchmark_of(task)
         self.web = self.benchmark != "miniwob"
         task = task_name(task)
@@ -273,7 +282,9 @@ class WebEnv:
         self.actions = ACTION_SETS["web" if self.web else "miniwob"]  # the grammar parse_action takes
         self._bg = PersistentBrowserEnv(_entrypoint(task), headless=headless, timeout_ms=timeout_ms,
                                          pre_observation_delay=pre_observation_delay, marker=self.marker,
-                                         hosts=webarena_lite.allowed_hosts() if self.web else None)
+                                         hosts=webarena_lite.allowed_hosts() if self.web else None,
+                                         observe_hidden=hidden,
+                                         action_timeout_ms=action_timeout_ms or ACTION_TIMEOUT_MS)
         self.seed: int | None = None
         self.goal = ""
         self.t = 0
@@ -285,7 +296,8 @@ class WebEnv:
     def _obs(self, bg_obs: dict, error: str = "") -> Obs:
         return Obs(goal=self.goal, url=short_url(bg_obs["url"]),
                    axtree=flatten_axtree(bg_obs["axtree_object"], self.max_tree_lines),
-                   error=error, step=self.t, events=tuple(bg_obs.get("events", ())), tabs=tuple(bg_obs.get("tabs", ())))
+                   error=error, step=self.t, events=tuple(bg_obs.get("events", ())), tabs=tuple(bg_obs.get("tabs", ())),
+                   hidden=format_hidden(bg_obs.get("hidden", [])))
 
     def _screenshot(self) -> bytes | None:
         """The task area as a small JPEG (Obs.screenshot), or None: screenshots off, or the capture

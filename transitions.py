@@ -58,8 +58,17 @@ def random_action(obs, rng: random.Random) -> str:
     return f"click({rng.choice(nodes)[0]!r})"
 
 
+# One browser at a time, nothing else on the cores: BrowserGym's own 500 ms bound on an action's wait (not
+# the 3 s that 16 browsers on 2 cores need), so a random click on an element that is not actionable costs
+# half a second.
+COLLECT_ACTION_TIMEOUT_MS = 500
+
+
 def _obs_record(o: Obs) -> dict:
-    return {"url": o.url, "axtree": o.axtree, "error": o.error}
+    rec = {"url": o.url, "axtree": o.axtree, "error": o.error}
+    if o.hidden:  # WebEnv(hidden=True): the world model's view of what the page holds unshown
+        rec["hidden"] = o.hidden
+    return rec
 
 
 def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy_fn=None, random_frac: float = 0.3,
@@ -70,9 +79,9 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     `policy_fn(task, obs) -> text` if given, else the scripted expert (experts.expert_action; a
     random action where the expert cannot read the page). Which seeds (train or held-out) is the
     caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
-    Record: {task, seed, step, goal, obs: {url, axtree, error}, action, source (expert|policy|random),
-    next_obs, delta, reward, done, success, truncated}. Returns counts {transitions, episodes,
-    success, env_error, random}.
+    Record: {task, seed, step, goal, obs: {url, axtree, error, hidden (only when the page holds
+    hidden content: env.Obs.hidden)}, action, source (expert|policy|random), next_obs, delta, reward,
+    done, success, truncated}. Returns counts {transitions, episodes, success, env_error, random}.
     """
     from tqdm import tqdm
 
@@ -88,7 +97,7 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as f:
         for task in tasks:
-            env = WebEnv(task, max_steps=max_steps)
+            env = WebEnv(task, max_steps=max_steps, hidden=True, action_timeout_ms=COLLECT_ACTION_TIMEOUT_MS)
             try:
                 for seed in seeds:
                     rng = random.Random(f"{rng_seed}-{task}-{seed}")
@@ -143,7 +152,7 @@ def load_transitions(path: str) -> list[dict]:
 
 
 def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
-    """Distinct pre-action states {task, goal, url, axtree, error, seed, prefix, prefix_obs} of real
+    """Distinct pre-action states {task, goal, url, axtree, error, hidden, seed, prefix, prefix_obs} of real
     transitions (every stage of an episode, not only its first page), in first-seen order; only
     `task`'s when given. error is the error the page showed (the previous action's).
 
@@ -163,8 +172,8 @@ def start_states(transitions: list[dict], task: str | None = None) -> list[dict]
             if key not in seen:
                 seen.add(key)
                 out.append({"task": t["task"], "goal": t["goal"], "url": t["obs"]["url"], "axtree": t["obs"]["axtree"],
-                            "error": t["obs"].get("error", "") or "", "seed": t.get("seed"), "prefix": list(actions),
-                            "prefix_obs": list(obs)})
+                            "error": t["obs"].get("error", "") or "", "hidden": t["obs"].get("hidden", "") or "",
+                            "seed": t.get("seed"), "prefix": list(actions), "prefix_obs": list(obs)})
         actions.append(t["action"])
         obs.append({k: t["obs"].get(k, "") or "" for k in ("url", "axtree", "error")})
     return out

@@ -41,12 +41,14 @@ WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with e
 
 
 def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = None) -> list[dict]:
-    """Chat messages asking for Δ: system prompt, then goal, URL, tree and the action.
+    """Chat messages asking for Δ: system prompt, then goal, URL, tree, the page's hidden content (when
+    observed: env.Obs.hidden, under a `Hidden:` line) and the action.
     max_tree_lines: show only the first lines of the tree (for a prompt token budget)."""
     s = as_state(obs)
     lines = tree_lines(s["axtree"])
     tree = "\n".join(lines[:max_tree_lines]) if max_tree_lines is not None else s["axtree"]
-    user = f"Goal: {goal}\nURL: {s['url']}\n{tree}\nAction: {action}"
+    hidden = f"\nHidden:\n{s['hidden']}" if s["hidden"] else ""
+    user = f"Goal: {goal}\nURL: {s['url']}\n{tree}{hidden}\nAction: {action}"
     return [{"role": "system", "content": WM_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
@@ -116,7 +118,7 @@ def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_to
 
 def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_tokens: int = 256,
                          batch_size: int = 8, max_prompt_tokens: int = 1024, by_task: bool = False,
-                         progress: bool = False) -> dict:
+                         progress: bool = False, predictions: list | None = None) -> dict:
     """Score greedy Δ predictions against real transitions.
 
     Returns {wm/exact_match: share whose apply(o_t, Δ̂) equals o_{t+1} (url and tree),
@@ -124,13 +126,15 @@ def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_t
     transitions (multiset match), wm/done_accuracy: predicted_done == success,
     wm/done_false_positive_rate: predicted done among transitions that did not succeed,
     wm/bad_lines: mean skipped lines per Δ̂, wm/n}; with by_task, also {"by_task": {task: the same}}
-    from the same predictions.
+    from the same predictions. `predictions`, a list, receives the predicted Δ of each transition, in order.
     """
     if not transitions:
         return {"wm/n": 0}
     preds = predict_delta(model, tokenizer, [dict(t["obs"], goal=t["goal"]) for t in transitions],
                           [t["action"] for t in transitions], max_new_tokens, batch_size=batch_size,
                           max_prompt_tokens=max_prompt_tokens, progress=progress)
+    if predictions is not None:
+        predictions.extend(preds)
     res = score_predictions(transitions, preds)
     if by_task:
         res["by_task"] = {task: score_predictions([t for t in transitions if t["task"] == task],
@@ -400,7 +404,8 @@ if __name__ == "__main__":
     ap.add_argument("--eval", default=None, help="checkpoint folder of a world model to evaluate on --data")
     ap.add_argument("--data", default="runs/wm_eval.jsonl", help="transitions to evaluate on")
     ap.add_argument("--drift", type=int, default=5, help="measure k-step drift for k = 1..this")
-    ap.add_argument("--out", default=None, help="where --eval writes its JSON (default <checkpoint>/wm_eval.json)")
+    ap.add_argument("--out", default=None, help="where --eval writes its JSON (default <checkpoint>/wm_eval.json; its "
+                    "predicted Δs beside it, <out>_predictions.jsonl)")
     a = ap.parse_args()
     tasks = [t for t in a.tasks.split(",") if t]
     if a.collect:
@@ -411,11 +416,19 @@ if __name__ == "__main__":
         m, tok = policy.load_model(a.eval)
         data = [t for t in load_transitions(a.data) if t["task"] in tasks]
         t0 = time.time()
-        one = evaluate_world_model(m, tok, data, by_task=True, progress=True)
+        preds: list[str] = []
+        one = evaluate_world_model(m, tok, data, by_task=True, progress=True, predictions=preds)
         print(json.dumps(one, indent=1), flush=True)
+        out = a.out or os.path.join(a.eval, "wm_eval.json")
+        with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:  # one line per transition, for reading errors
+            for t, d in zip(data, preds):
+                o, bad = apply(t["obs"], d)
+                f.write(json.dumps({"task": t["task"], "seed": t["seed"], "step": t["step"], "action": t["action"],
+                                    "label": delta_label(t), "predicted": d, "bad_lines": bad,
+                                    "exact": o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"]})
+                        + "\n")
         res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, data, a.drift, progress=True),
                "data": a.data, "checkpoint": a.eval, "seconds": time.time() - t0}
-        out = a.out or os.path.join(a.eval, "wm_eval.json")
         with open(out, "w") as f:
             json.dump(res, f, indent=1)
         print(json.dumps({"one_step": res["one_step"], "drift": res["drift"]}, indent=1))

@@ -102,6 +102,32 @@ def test_link_spans_have_bids(envs):
     assert info["success"] and reward == 1.0
 
 
+def test_hidden_content_is_read_for_the_world_model_only(envs):
+    """WebEnv(hidden=True): the closed tabs' text is in Obs.hidden with the bids it will have in the tree,
+    which shows it word for word once its tab is opened; Obs.text (the policy's) never holds it, and a
+    plain WebEnv reads none."""
+    seed = env.eval_seeds(1)[0]
+    e = env.make_env("click-tab-2", max_steps=3, hidden=True)
+    try:
+        for seed in env.eval_seeds(10):  # a page whose second tab has words in <span>s: `[31] generic 'molestie.'`
+            obs = e.reset(seed)
+            hidden = obs.hidden.split("\n")
+            assert hidden[0].startswith("[") and " tabpanel" in hidden[0]
+            assert not any(line.strip() in obs.text for line in hidden)
+            end = next((i for i in range(1, len(hidden)) if not hidden[i].startswith(" ")), len(hidden))
+            with_bid = [line.strip() for line in hidden[1:end] if line.strip().startswith("[") and "'" in line]
+            if with_bid:  # in the panel of Tab #2, the first one hidden
+                break
+        assert with_bid
+        obs, _, _, info = e.step(f"click('{_bid(obs, 'link', 'Tab #2')}')")
+        assert not info["env_error"]
+        tree = {line.strip() for line in obs.axtree.split("\n")}
+        assert with_bid[0] in tree  # same bid, role and name as the tree writes it
+    finally:
+        e.close()
+    assert envs("click-tab-2").reset(seed).hidden == ""
+
+
 def test_fill_then_submit_and_parse_error_continues(envs):
     e = envs("enter-text")
     obs = e.reset(env.eval_seeds(1)[0])

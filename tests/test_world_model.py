@@ -38,8 +38,8 @@ OLD = "\n".join([
 OLD2 = "[1] tablist\n [2] tab 'a'\n[3] tabpanel 'a'\n StaticText 'x'\n [4] link 'y'\n  StaticText 'z'\n[5] button 'ok'"
 
 
-def st8(axtree, url="miniwob/a.html", error=""):
-    return {"goal": "Click no.", "url": url, "axtree": axtree, "error": error}
+def st8(axtree, url="miniwob/a.html", error="", hidden=""):
+    return {"goal": "Click no.", "url": url, "axtree": axtree, "error": error, "hidden": hidden}
 
 
 def test_unchanged_page_is_one_short_line():
@@ -101,8 +101,24 @@ def test_done_lines():
 
 def test_obs_dataclass_and_recorded_dicts_are_both_states():
     o = Obs("g", "u", OLD, "", 3)
-    assert dfmt.as_state(o) == {"goal": "g", "url": "u", "axtree": OLD, "error": ""}
-    assert dfmt.as_state({"url": "u", "axtree": OLD}) == {"goal": "", "url": "u", "axtree": OLD, "error": ""}
+    assert dfmt.as_state(o) == {"goal": "g", "url": "u", "axtree": OLD, "error": "", "hidden": ""}
+    assert dfmt.as_state({"url": "u", "axtree": OLD}) == {"goal": "", "url": "u", "axtree": OLD, "error": "",
+                                                          "hidden": ""}
+
+
+def test_hidden_content_is_in_the_prompt_and_kept_by_apply(tok):
+    """A closed tab's text (Obs.hidden) goes into the world model's prompt, after the tree, and a Δ
+    leaves it as it is; a state without it gets the prompt it always had."""
+    hidden = "[26] tabpanel\n [27] paragraph 'Habitasse lectus'"
+    s = st8(OLD2, hidden=hidden)
+    user = wm.wm_messages("Click y.", s, "click('2')")[1]["content"]
+    assert user.endswith(f"{OLD2}\nHidden:\n{hidden}\nAction: click('2')")
+    assert "Hidden" not in wm.wm_messages("Click y.", st8(OLD2), "click('2')")[1]["content"]
+    assert "\nHidden:\n" not in tok.decode(wm.wm_prompt(tok, "Click y.", st8(OLD2), "click('2')"))
+    assert "Habitasse" in tok.decode(wm.wm_prompt(tok, "Click y.", s, "click('2')"))
+    nxt, bad = dfmt.apply(s, "~ [5] button 'ok', focused\ndone: no")
+    assert bad == 0 and nxt["hidden"] == hidden and nxt["axtree"].endswith("focused")
+    assert dfmt.as_state(Obs("g", "u", OLD, hidden=hidden))["hidden"] == hidden
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,8 +171,9 @@ def transition(draw):
                 new.insert(draw(st.integers(0, len(new) - 1)), new.pop(i))
         new = unique_bids(new)
     text = st.text(st.characters(blacklist_characters="\n"), max_size=10)
-    a = {"goal": "g", "url": draw(text), "axtree": "\n".join(old), "error": draw(text)}
-    b = {"goal": "g", "url": draw(st.one_of(st.just(a["url"]), text)), "axtree": "\n".join(new), "error": draw(text)}
+    a = {"goal": "g", "url": draw(text), "axtree": "\n".join(old), "error": draw(text), "hidden": draw(text)}
+    b = {"goal": "g", "url": draw(st.one_of(st.just(a["url"]), text)), "axtree": "\n".join(new), "error": draw(text),
+         "hidden": a["hidden"]}  # Δ edits the tree; the hidden content stays
     return a, b
 
 
