@@ -25,12 +25,13 @@ SWEEP_TASKS ?= click-button,click-link,click-dialog-2,click-tab,click-tab-2,clic
 GROUPS  ?= 8
 EVAL_SEEDS ?= 1
 G       ?= 4
-# the main command's M-GRPO (make real; docs/rl.md): groups of REAL_G, REAL_GROUPS groups with signal an iteration
+# the main command's M-GRPO (make real; docs/rl.md): groups of REAL_G, REAL_GROUPS groups with signal an iteration;
+# lr 2e-5: rl-e10, +3.0 points paired over its BC start (rl-e9 at 1e-5: -0.3)
 REAL_G  ?= 8
 REAL_GROUPS ?= 4
 MB      ?= 2
 KL      ?= 0.05
-LR      ?= 1e-5
+LR      ?= 2e-5
 PROBE   ?= 5
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
