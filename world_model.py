@@ -54,7 +54,8 @@ def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = Non
 
 def wm_prompt(tokenizer, goal: str, obs, action: str, max_tokens: int = 1024) -> list[int]:
     """Prompt ids for Δ, at most `max_tokens` long: the tree is cut from its end when needed (the
-    lines kept keep their REFs). Raises ValueError if even an empty tree does not fit."""
+    lines kept keep their REFs; the hidden lines, at most axtree.HIDDEN_MAX_CHARS, are kept whole).
+    Raises ValueError if even an empty tree does not fit."""
     ids = compress.render(tokenizer, wm_messages(goal, obs, action))
     n = len(tree_lines(as_state(obs)["axtree"]))
     while len(ids) > max_tokens:

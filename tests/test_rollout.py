@@ -204,7 +204,9 @@ def test_a_killed_env_process_ends_only_its_episode(agent):
 
 def test_a_hung_env_process_times_out_and_is_replaced(agent):
     model, tok = agent
-    workers = EnvPool(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=2, step_timeout=5.0,
+    # 12 s: a child process's first reset launches its Chromium, which took over 5 s under a training
+    # job's load (every episode then timed out, not only the frozen one)
+    workers = EnvPool(functools.partial(webenv.WebEnv, max_steps=3), tok, num_envs=2, step_timeout=12.0,
                          processes=True)
     jobs = [("click-button", 10_050 + i) for i in range(4)]
 

@@ -119,6 +119,11 @@ def test_hidden_content_is_in_the_prompt_and_kept_by_apply(tok):
     nxt, bad = dfmt.apply(s, "~ [5] button 'ok', focused\ndone: no")
     assert bad == 0 and nxt["hidden"] == hidden and nxt["axtree"].endswith("focused")
     assert dfmt.as_state(Obs("g", "u", OLD, hidden=hidden))["hidden"] == hidden
+    # a dream starts from a recorded page with its hidden content (DreamEnv.reset: as_state of the start state)
+    rec = {"task": "click-tab-2", "seed": 1, "step": 0, "goal": "Click y.", "action": "click('2')",
+           "obs": {"url": "miniwob/a.html", "axtree": OLD2, "error": "", "hidden": hidden}}
+    (start,) = trans.start_states([rec])
+    assert dfmt.as_state(start)["hidden"] == hidden
 
 
 # ----------------------------------------------------------------------------------------------
