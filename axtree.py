@@ -215,6 +215,7 @@ HIDDEN_JS = r"""(limits) => {
   const text = s => s.replace(/\s+/g, ' ').trim();
   const emit = (row) => {
     if (out.length >= maxLines || chars >= maxChars) return;
+    row[3] = row[3].slice(0, maxChars - chars);
     out.push(row); chars += row[3].length + 8;
   };
   const visit = (node, depth) => {
@@ -254,17 +255,23 @@ _TAG_ROLES = {"p": "paragraph", "span": "generic", "div": "generic", "a": "link"
 
 def format_hidden(rows) -> str:
     """HIDDEN_JS's rows as tree-like lines (`[27] paragraph 'Habitasse ...'`, `StaticText '...'`, one
-    space of indent per level, names written by `quote`). Untrusted page data: a row that is not
-    [int, str | None, str, str] is dropped, depth is clamped to 0-20 and bids must match BID."""
-    out = []
+    space of indent per level, names written by `quote`). Untrusted page data (the page's own scripts
+    run beside HIDDEN_JS and can forge its result): a row that is not [int, str | None, str, str] is
+    dropped, depth is clamped to 0-20, bids must match BID, a role that is not a short word becomes
+    generic, and the bounds are applied again here: at most HIDDEN_MAX_LINES lines and about
+    HIDDEN_MAX_CHARS characters of names."""
+    out, chars = [], 0
     for row in rows if isinstance(rows, list) else ():
+        if len(out) >= HIDDEN_MAX_LINES or chars >= HIDDEN_MAX_CHARS:
+            break
         if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], int) and isinstance(row[2], str)
                 and isinstance(row[3], str) and (row[1] is None or isinstance(row[1], str))):
             continue
-        depth, bid, role, name = min(max(row[0], 0), 20), row[1], row[2], row[3]
+        depth, bid, role, name = min(max(row[0], 0), 20), row[1], row[2], row[3][:HIDDEN_MAX_CHARS - chars]
         if bid is not None and not re.fullmatch(BID, bid):
             continue
-        role = _TAG_ROLES.get(role, role) if role.isalnum() else "generic"
+        chars += len(name) + 8
+        role = _TAG_ROLES.get(role, role) if role.isalnum() and len(role) <= 40 else "generic"
         out.append(" " * depth + (f"[{bid}] " if bid is not None else "") + role + (f" {quote(name)}" if name else ""))
     return "\n".join(out)
 

@@ -435,8 +435,14 @@ class PersistentBrowserEnv(BrowserEnv):
                     continue
                 raise
             break
-        # the content without a layout box, its bids this tree's (made valid with the rest by the caller's clean)
-        hidden = page.evaluate(HIDDEN_JS, [HIDDEN_MAX_LINES, HIDDEN_MAX_CHARS]) if self.observe_hidden else []
+        # the content without a layout box, its bids this tree's (made valid with the rest by the caller's clean);
+        # the world model's extra view only: a page that breaks it (a navigation, its own scripts) costs it, not the step
+        hidden = []
+        if self.observe_hidden:
+            try:
+                hidden = page.evaluate(HIDDEN_JS, [HIDDEN_MAX_LINES, HIDDEN_MAX_CHARS])
+            except playwright.sync_api.Error as e:
+                logger.warning("hidden content not read: %s", short_error(e))
         _post_extract(page)
         goal = "\n".join(m["text"] for m in self.goal_object if m.get("type") == "text")
         tabs = tab_lines(self, page) if self.web and len(self.context.pages) > 1 else []

@@ -54,15 +54,20 @@ def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = Non
 
 def wm_prompt(tokenizer, goal: str, obs, action: str, max_tokens: int = 1024) -> list[int]:
     """Prompt ids for Δ, at most `max_tokens` long: the tree is cut from its end when needed (the
-    lines kept keep their REFs; the hidden lines, at most axtree.HIDDEN_MAX_CHARS, are kept whole).
-    Raises ValueError if even an empty tree does not fit."""
+    lines kept keep their REFs), then, with no tree line left, the hidden lines from their end.
+    Raises ValueError if even an empty tree without hidden lines does not fit."""
     ids = compress.render(tokenizer, wm_messages(goal, obs, action))
-    n = len(tree_lines(as_state(obs)["axtree"]))
+    state = as_state(obs)
+    n = len(tree_lines(state["axtree"]))
     while len(ids) > max_tokens:
         if n == 0:
-            raise ValueError(f"max_tokens={max_tokens} cannot hold the world-model prompt without a tree")
-        n = max(0, min(n - 1, n * max_tokens // len(ids)))
-        ids = compress.render(tokenizer, wm_messages(goal, obs, action, max_tree_lines=n))
+            hidden = state["hidden"].split("\n") if state["hidden"] else []
+            if not hidden:
+                raise ValueError(f"max_tokens={max_tokens} cannot hold the world-model prompt without a tree")
+            state = dict(state, hidden="\n".join(hidden[:-1]))  # then the hidden lines, from the end
+        else:
+            n = max(0, min(n - 1, n * max_tokens // len(ids)))
+        ids = compress.render(tokenizer, wm_messages(goal, state, action, max_tree_lines=n))
     return ids
 
 

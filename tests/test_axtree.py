@@ -7,7 +7,8 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axtree import clean, clean_text, flatten_axtree, format_hidden, line_bid, parse_line, quote, read_tree
+from axtree import (HIDDEN_MAX_CHARS, HIDDEN_MAX_LINES, clean, clean_text, flatten_axtree, format_hidden, line_bid,
+                    parse_line, quote, read_tree)
 from runlog import read_jsonl
 
 
@@ -142,3 +143,10 @@ def test_hidden_rows_become_tree_lines_and_hostile_rows_are_dropped():
     out = format_hidden(bad)
     assert out.split("\n") == ["[5] generic 'b'", " " * 20 + "[10] paragraph 'e'", "[11] generic 'f'"]
     assert format_hidden("not rows") == "" and format_hidden([]) == ""
+
+    # the bounds hold whatever the page returns (its scripts can forge HIDDEN_JS's result)
+    many = format_hidden([[0, str(i), "p", "x"] for i in range(1000)])
+    assert len(many.split("\n")) == HIDDEN_MAX_LINES
+    long = format_hidden([[0, "1", "p", "y" * 10 ** 6], [0, "2", "p", "z"]])
+    assert len(long) < HIDDEN_MAX_CHARS + 40 and "z" not in long
+    assert format_hidden([[0, "3", "a" * 41, "w"]]) == "[3] generic 'w'"

@@ -116,6 +116,11 @@ def test_hidden_content_is_in_the_prompt_and_kept_by_apply(tok):
     assert "Hidden" not in wm.wm_messages("Click y.", st8(OLD2), "click('2')")[1]["content"]
     assert "\nHidden:\n" not in tok.decode(wm.wm_prompt(tok, "Click y.", st8(OLD2), "click('2')"))
     assert "Habitasse" in tok.decode(wm.wm_prompt(tok, "Click y.", s, "click('2')"))
+    # a prompt budget too small for the hidden lines: they are cut from their end after the tree, never raised
+    big = st8(OLD2, hidden="\n".join(f"[{i}] paragraph 'word {i}'" for i in range(100, 140)))
+    full = wm.wm_prompt(tok, "Click y.", big, "click('2')", max_tokens=4096)
+    cut = wm.wm_prompt(tok, "Click y.", big, "click('2')", max_tokens=len(full) // 3)
+    assert len(cut) <= len(full) // 3 and "[100] paragraph" in tok.decode(cut) and "[139]" not in tok.decode(cut)
     nxt, bad = dfmt.apply(s, "~ [5] button 'ok', focused\ndone: no")
     assert bad == 0 and nxt["hidden"] == hidden and nxt["axtree"].endswith("focused")
     assert dfmt.as_state(Obs("g", "u", OLD, hidden=hidden))["hidden"] == hidden
