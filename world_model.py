@@ -149,13 +149,19 @@ def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_t
     return res
 
 
+def next_page_match(t: dict, delta: str) -> tuple[bool, int]:
+    """(whether apply(o_t, Δ) is the recorded next page, URL and tree; the number of Δ lines skipped)."""
+    o, bad = apply(t["obs"], delta)
+    return o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"], bad
+
+
 def score_predictions(transitions: list[dict], preds: list[str]) -> dict:
     """evaluate_world_model's figures for given Δ predictions (one per transition)."""
     n = len(transitions)
     exact = tp = n_pred = n_true = bad = done_ok = fp = negatives = 0
     for t, d in zip(transitions, preds):
-        o, nb = apply(t["obs"], d)
-        exact += int(o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"])
+        same, nb = next_page_match(t, d)
+        exact += int(same)
         bad += nb
         p, q = Counter(delta_lines(d)), Counter(delta_lines(delta_label(t)))
         tp += sum((p & q).values())
@@ -428,11 +434,9 @@ if __name__ == "__main__":
         out = a.out or os.path.join(a.eval, "wm_eval.json")
         with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:  # one line per transition, for reading errors
             for t, d in zip(data, preds):
-                o, bad = apply(t["obs"], d)
+                same, bad = next_page_match(t, d)
                 f.write(json.dumps({"task": t["task"], "seed": t["seed"], "step": t["step"], "action": t["action"],
-                                    "label": delta_label(t), "predicted": d, "bad_lines": bad,
-                                    "exact": o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"]})
-                        + "\n")
+                                    "label": delta_label(t), "predicted": d, "bad_lines": bad, "exact": same}) + "\n")
         res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, data, a.drift, progress=True),
                "data": a.data, "checkpoint": a.eval, "seconds": time.time() - t0}
         with open(out, "w") as f:
