@@ -341,8 +341,10 @@ def predicted_done(delta: str) -> bool:
 
 def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
     """Apply Δ to o_t. Returns (o_next as a state dict {goal, url, axtree, error, hidden}, n_bad_lines).
-    Δ edits the tree (and the URL); o_next keeps o_t's hidden content as it is (a dream does not
-    know what a change hides: a panel a click shows stays listed there too).
+    Δ edits the tree (and the URL); o_next keeps o_t's hidden content less the blocks (a top-level
+    hidden line and the deeper lines under it) that hold a bid the new tree shows: a panel a click
+    opens leaves the hidden list as it does on a real page. What a change hides is not added (a Δ
+    does not say it).
 
     Tolerant of model output: a line that does not parse, names a REF that o_t lacks, edits a line
     already removed or changed, changes a line's bid, adds a bid that is already on the page (or was
@@ -417,7 +419,24 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
             out.append(changed.get(i, line))
         out.extend(after.get(i, ()))
     return {"goal": s["goal"], "url": header.get("url", s["url"]), "axtree": "\n".join(out),
-            "error": header.get("error", ""), "hidden": s["hidden"]}, n_bad
+            "error": header.get("error", ""), "hidden": drop_shown(s["hidden"], out)}, n_bad
+
+
+def drop_shown(hidden: str, tree: list[str]) -> str:
+    """`hidden` (axtree.format_hidden's lines) without each top-level block that holds a bid `tree`'s
+    lines show. Unchanged when no block does (also when the text is no such listing)."""
+    if not hidden:
+        return hidden
+    shown = {_line_bid(x) for x in tree} - {None}
+    lines = hidden.split("\n")
+    base = min(len(x) - len(x.lstrip(" ")) for x in lines)
+    blocks: list[list[str]] = []
+    for x in lines:
+        if not blocks or len(x) - len(x.lstrip(" ")) <= base:
+            blocks.append([])
+        blocks[-1].append(x)
+    kept = [b for b in blocks if not any(_line_bid(x) in shown for x in b)]
+    return hidden if len(kept) == len(blocks) else "\n".join(x for b in kept for x in b)
 
 
 def delta_lines(delta: str) -> list[str]:

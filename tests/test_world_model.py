@@ -124,6 +124,12 @@ def test_hidden_content_is_in_the_prompt_and_kept_by_apply(tok):
     nxt, bad = dfmt.apply(s, "~ [5] button 'ok', focused\ndone: no")
     assert bad == 0 and nxt["hidden"] == hidden and nxt["axtree"].endswith("focused")
     assert dfmt.as_state(Obs("g", "u", OLD, hidden=hidden))["hidden"] == hidden
+    # a Δ that shows a hidden panel takes that panel's block (and only it) off the hidden list, as a real page does
+    two = hidden + "\n[30] tabpanel\n [31] paragraph 'Other'"
+    nxt, bad = dfmt.apply(st8(OLD2, hidden=two), "+ ^ [26] tabpanel\n+ ^ StaticText 'x'\ndone: no")
+    assert bad == 0 and nxt["hidden"] == "[30] tabpanel\n [31] paragraph 'Other'"
+    nxt, _ = dfmt.apply(st8(OLD2, hidden=two), "+ ^ [31] paragraph 'Other'\ndone: no")  # a bid deeper in a block
+    assert nxt["hidden"] == hidden
     # a dream starts from a recorded page with its hidden content (DreamEnv.reset: as_state of the start state)
     rec = {"task": "click-tab-2", "seed": 1, "step": 0, "goal": "Click y.", "action": "click('2')",
            "obs": {"url": "miniwob/a.html", "axtree": OLD2, "error": "", "hidden": hidden}}
@@ -181,9 +187,10 @@ def transition(draw):
                 new.insert(draw(st.integers(0, len(new) - 1)), new.pop(i))
         new = unique_bids(new)
     text = st.text(st.characters(blacklist_characters="\n"), max_size=10)
-    a = {"goal": "g", "url": draw(text), "axtree": "\n".join(old), "error": draw(text), "hidden": draw(text)}
+    a = {"goal": "g", "url": draw(text), "axtree": "\n".join(old), "error": draw(text),
+         "hidden": draw(st.text(st.characters(blacklist_characters="\n["), max_size=10))}  # no bid: stays
     b = {"goal": "g", "url": draw(st.one_of(st.just(a["url"]), text)), "axtree": "\n".join(new), "error": draw(text),
-         "hidden": a["hidden"]}  # Δ edits the tree; the hidden content stays
+         "hidden": a["hidden"]}  # Δ edits the tree; hidden content without a bid the tree shows stays
     return a, b
 
 
