@@ -292,6 +292,15 @@ class WebEnv:
         # what the next reset must repair first: None, "context" (open a fresh context) or "browser" (relaunch)
         self._broken: str | None = None
 
+    @property
+    def hidden(self) -> bool:
+        """Whether observations carry Obs.hidden; settable between episodes (EnvPool.set_env_attr)."""
+        return self._bg.observe_hidden
+
+    @hidden.setter
+    def hidden(self, on: bool) -> None:
+        self._bg.observe_hidden = bool(on)
+
     # -- helpers
     def _obs(self, bg_obs: dict, error: str = "") -> Obs:
         return Obs(goal=self.goal, url=short_url(bg_obs["url"]),

@@ -125,7 +125,17 @@ def test_hidden_content_is_read_for_the_world_model_only(envs):
         assert with_bid[0] in tree  # same bid, role and name as the tree writes it
     finally:
         e.close()
-    assert envs("click-tab-2").reset(seed).hidden == ""
+    plain = envs("click-tab-2")
+    assert plain.reset(seed).hidden == ""
+    plain.hidden = True  # settable between episodes (EnvPool.set_env_attr("hidden", True))
+    try:
+        assert plain.reset(seed).hidden.startswith("[")
+        # a page whose scripts break HIDDEN_JS costs the hidden lines, not the step
+        plain._bg.page.evaluate("() => { Element.prototype.getClientRects = () => { throw new Error('no'); }; }")
+        obs, _, _, info = plain.step("noop()")
+        assert not info["env_error"] and obs.hidden == "" and "tab" in obs.axtree
+    finally:
+        plain.hidden = False
 
 
 def test_fill_then_submit_and_parse_error_continues(envs):
