@@ -13,6 +13,8 @@ Here the change Δ is a precise, line-oriented edit of the flattened accessibili
 
     url: miniwob/other.html            the new URL (only when it changed)
     error: ValueError: Could not ...   the action's error shown to the agent (only when there is one)
+    focus: [21] | none                 the focus moves to the line with bid 21 (or leaves every line) before
+                                       the edits (only when it moves, to a line already on the page)
     - REF                              remove the line REF
     ~ LINE                             LINE replaces the line with LINE's bid: `~ [21] checkbox 'Gh', checked`
     ~ REF LINE                         LINE replaces the line REF (a line without a bid: `~ [24]+1 StaticText 'x'`)
@@ -31,6 +33,11 @@ An unchanged page is the one-line Δ `done: no`. Example (click('21') checks a b
     ~ [21] checkbox 'Gh', focused, checked
     + [24] StaticText 'Done!'
     done: no
+
+The focus is a header, not two line edits: three in four real transitions move it (a click focuses
+what it clicks), and `focus: [21]` says that in one short line where `~ [18] textbox` then
+`~ [21] button 'next', focused` made the model rewrite both lines. The `, focused` flag is the first
+flag of a line (axtree._FLAG_PROPS); the edits that follow see the page with the focus moved.
 
 A panel swap (click-tab-2: the tab panel [24] gives way to [31] and its text) is one `=` block; `diff`
 writes a block wherever it makes the Δ shorter than the line-by-line edits (`subtree=False`: never):
@@ -54,7 +61,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, is_dataclass
 
-from axtree import BID as _BID, line_bid as _line_bid
+from axtree import BID as _BID, STRING as _STRING, line_bid as _line_bid
 
 # ----------------------------------------------------------------------------------------------
 # States and the Δ format
@@ -69,7 +76,10 @@ _OP_CHANGE_AT = re.compile(rf"~ ((?:\^|\[{_BID}\])\+[0-9]+) (.*)$", re.S)  # ~ R
 _OP_CHANGE = re.compile(r"~ (.*)$", re.S)  # ~ LINE (LINE holds the bid)
 _OP_SUBTREE = re.compile(rf"= ((?:\^|\[{_BID}\])\+[0-9]+|\[{_BID}\])(?: (.*))?$", re.S)  # = REF [LINE]
 _OP_BLOCK = re.compile(r"\|(?: (.*))?$", re.S)  # | LINE: the next line of the block above
-_OP_HEADER = re.compile(r"(url|error):(?: (.*))?$", re.S)
+_OP_HEADER = re.compile(r"(url|error|focus):(?: (.*))?$", re.S)
+_FOCUS_VALUE = re.compile(rf"\[({_BID})\]|none")
+_FOCUS_FLAG = re.compile(rf"{_STRING}|, focused(?=,|$)")  # quoted names and values are skipped
+_FIRST_FLAG = re.compile(rf"{_STRING}|, ")
 _OP_DONE = re.compile(r"done: *(yes|no|fail) *$")
 
 
@@ -125,6 +135,52 @@ def subtree_end(lines: list[str], i: int) -> int:
     return e
 
 
+def has_focus(line: str) -> bool:
+    """Whether a tree line carries the `focused` flag (not inside its quoted name or value)."""
+    return any(m.group(0) == ", focused" for m in _FOCUS_FLAG.finditer(line))
+
+
+def _without_focus(line: str) -> str:
+    for m in _FOCUS_FLAG.finditer(line):
+        if m.group(0) == ", focused":
+            return line[:m.start()] + line[m.end():]
+    return line
+
+
+def _with_focus(line: str) -> str:  # `focused` goes first among the flags, as flatten_axtree writes it
+    for m in _FIRST_FLAG.finditer(line):
+        if m.group(0) == ", ":
+            return line[:m.start()] + ", focused" + line[m.start():]
+    return line + ", focused"
+
+
+def move_focus(lines: list[str], bid: str | None) -> tuple[list[str], bool]:
+    """The lines with the `focused` flag taken off every line and put on the first line whose bid is
+    `bid` (None: on none). Returns (lines, found): found is False when no line has that bid (the
+    flag is then on no line)."""
+    out = [_without_focus(x) if has_focus(x) else x for x in lines]
+    if bid is None:
+        return out, True
+    i = next((i for i, x in enumerate(out) if _line_bid(x) == bid), None)
+    if i is None:
+        return out, False
+    out[i] = _with_focus(out[i])
+    return out, True
+
+
+def _focus_header(old: list[str], new: list[str]) -> tuple[str | None, list[str]]:
+    """diff's `focus:` value (None: no header) and the old lines with it applied: a header when
+    o_next has at most one focused line, not the one(s) o_t has; its value is that line's bid when
+    o_t has a line with it, else `none` (the new line brings its own flag)."""
+    fa = [_line_bid(x) for x in old if has_focus(x)]
+    fb = [_line_bid(x) for x in new if has_focus(x)]
+    if fa == fb or len(fb) > 1 or (fb and fb[0] is None):
+        return None, old
+    target = fb[0] if fb and any(_line_bid(x) == fb[0] for x in old) else None
+    moved, _ = move_focus(old, target)
+    return (None, old) if moved == old else (f"[{target}]" if target else "none", moved)
+
+
 def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True) -> str:
     """The Δ that turns o_t into o_next (states: env.Obs or dicts with url, axtree, error).
 
@@ -141,6 +197,7 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True) -> str:
         raise ValueError(f"done must be a bool or one of {DONE_VALUES}, got {done!r}")
     a, b = as_state(o_t), as_state(o_next)
     old, new = tree_lines(a["axtree"]), tree_lines(b["axtree"])
+    focus, old = _focus_header(old, new)  # the edits below start from the page with the focus moved
     refs = line_refs(old)
     anchors = {r[1:-1] for r in refs if r[0] == "[" and "+" not in r}  # bids that are their own REF
     okeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in old]
@@ -158,6 +215,8 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True) -> str:
         out.append(f"url: {_one_line(b['url'])}")
     if b["error"]:
         out.append(f"error: {_one_line(b['error'])}")
+    if focus is not None:
+        out.append(f"focus: {focus}")
     out += [text for *_, text in sorted(ops)]
     out.append(f"done: {status}")
     return "\n".join(out)
@@ -276,7 +335,7 @@ def _edits(old: list[str], new: list[str], refs: list[str], okeys: list, nkeys: 
 
 
 def parse_delta(delta: str) -> tuple[dict, list[tuple], int]:
-    """Parse Δ text into (header {url?, error?, done?}, edits, n_bad). Never raises.
+    """Parse Δ text into (header {url?, error?, focus?, done?}, edits, n_bad). Never raises.
 
     edits: ("-", ref) | ("~", ref or None, line) | ("+", ref, line) | ("=", ref, [lines]), in Δ
     order; a `=` edit's lines are its own LINE (if any) then the `| LINE` lines that follow it. A
@@ -322,8 +381,8 @@ def parse_delta(delta: str) -> tuple[dict, list[tuple], int]:
         else:
             n_bad += 1
             continue
-        if key in header:  # contradictory or repeated header: the first one wins
-            n_bad += 1
+        if key in header or (key == "focus" and not _FOCUS_VALUE.fullmatch(val)):
+            n_bad += 1  # contradictory or repeated header (the first one wins), or not a focus value
         else:
             header[key] = val
     return header, edits, n_bad
@@ -348,7 +407,7 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
 
     Tolerant of model output: a line that does not parse, names a REF that o_t lacks, edits a line
     already removed or changed, changes a line's bid, adds a bid that is already on the page (or was
-    already added), repeats a header, or would grow the tree past `max_lines` is skipped and counted.
+    already added), repeats a header, moves the focus to a bid o_t lacks, or would grow the tree past `max_lines` is skipped and counted.
     A `=` whose subtree holds a line already removed or changed is skipped with its block lines
     (each counted); a block line with a bid already on the page is skipped and counted alone.
     Never raises. Removes, changes and blocks are resolved before inserts, so their order is free;
@@ -356,9 +415,15 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
     """
     s = as_state(o_t)
     old = tree_lines(s["axtree"])
+    header, edits, n_bad = parse_delta(delta)
+    if "focus" in header:  # the focus moves first; the edits see the moved page (REFs are unchanged)
+        moved, found = move_focus(old, None if header["focus"] == "none" else header["focus"][1:-1])
+        if found:
+            old = moved
+        else:
+            n_bad += 1
     refs = line_refs(old)
     index = {r: i for i, r in enumerate(refs)}
-    header, edits, n_bad = parse_delta(delta)
     removed: set[int] = set()
     changed: dict[int, str] = {}
     blocks: dict[int, list[str]] = {}  # the root of each replaced subtree: its new lines

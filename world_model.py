@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 # The model: p(Δ | goal, o_t, a_t)
 
 # Short on purpose: it is in every world-model sequence.
-WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with edits: `- REF` remove, "
+WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with `focus: [bid]` if it "
+                    "moves, edits: `- REF` remove, "
                     "`~ LINE` change, `+ REF LINE` add after REF, `= REF LINE` then `| LINE`s replace REF's "
                     "subtree, then `done: yes|no|fail`.")
 
