@@ -3,6 +3,7 @@
     python world_model.py --collect runs/transitions.jsonl --seeds 20                 # real transitions, train seeds
     python world_model.py --collect runs/wm_eval.jsonl --seeds 10 --eval-seeds       # held-out pages
     python world_model.py --eval runs/wm/final --data runs/wm_eval.jsonl             # exact match, line F1, done acc.
+    python world_model.py --compare A/wm_eval_predictions.jsonl B/wm_eval_predictions.jsonl   # paired: B - A
 
 A language model is fine-tuned (train.py --mode wm, supervised.py) on -log p(Δ | goal, o_t, a_t)
 over real transitions (transitions.py), Δ in the exact format of delta.py. Here: its prompts, its
@@ -402,6 +403,23 @@ class DreamEnv:
         self.done = True
 
 
+def compare_predictions(a_path: str, b_path: str) -> dict:
+    """Two world models' exact next pages on the transitions both predicted (their `--eval`
+    <out>_predictions.jsonl files, paired by task, seed, step and action): {"all": stats.paired(...),
+    task: stats.paired(...)}: B's gain over A with its 95% interval and the exact McNemar p.
+    Raises ValueError when the files share no transition."""
+    import stats
+    from runlog import read_jsonl
+
+    def exact(path):
+        return {(r["task"], r["seed"], r["step"], r["action"]): bool(r["exact"]) for r in read_jsonl(path)}
+    a, b = exact(a_path), exact(b_path)
+    out = {"all": stats.paired(a, b)}
+    for task in sorted({k[0] for k in set(a) & set(b)}):
+        out[task] = stats.paired({k: v for k, v in a.items() if k[0] == task}, {k: v for k, v in b.items() if k[0] == task})
+    return out
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -419,8 +437,14 @@ if __name__ == "__main__":
     ap.add_argument("--drift", type=int, default=5, help="measure k-step drift for k = 1..this")
     ap.add_argument("--out", default=None, help="where --eval writes its JSON (default <checkpoint>/wm_eval.json; its "
                     "predicted Δs beside it, <out>_predictions.jsonl)")
+    ap.add_argument("--compare", nargs=2, metavar="PREDICTIONS", default=None,
+                    help="two --eval predictions files (A B): B's paired gain in exact next pages, overall and per task")
     a = ap.parse_args()
     tasks = [t for t in a.tasks.split(",") if t]
+    if a.compare:
+        for name, r in compare_predictions(*a.compare).items():
+            print(f"{name:24s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
+                  f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
     if a.collect:
         seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds)
         print(collect_transitions(tasks, seeds, a.collect, random_frac=a.random_frac, max_steps=a.max_steps,

@@ -3,6 +3,7 @@
 tests/data/transitions.jsonl holds real MiniWoB transitions (real Chromium, experts + random
 actions); rewrite it with `python tests/test_world_model.py`.
 """
+import json
 import os
 import re
 import shutil
@@ -589,3 +590,19 @@ def test_dream_env_asks_its_server(tok):
     obs, reward, done, info = env.step("fill('14', 'Myron')")
     assert Server.calls == [(state["axtree"], "fill('14', 'Myron')")]
     assert (reward, done) == (1.0, True) and obs.axtree.startswith("[14] textbox value='Myron'")
+
+
+def test_compare_predictions_pairs_by_transition(tmp_path):
+    """world_model.py --compare: B's gain over A counts only the transitions both files hold."""
+    def write(name, rows):
+        p = tmp_path / name
+        p.write_text("".join(json.dumps({"task": t, "seed": s, "step": 0, "action": "noop()", "exact": e}) + "\n"
+                             for t, s, e in rows))
+        return str(p)
+    a = write("a.jsonl", [("x", 1, False), ("x", 2, True), ("y", 1, False), ("y", 9, True)])
+    b = write("b.jsonl", [("x", 1, True), ("x", 2, True), ("y", 1, True), ("z", 1, True)])
+    r = wm.compare_predictions(a, b)
+    assert (r["all"]["n"], r["all"]["gained"], r["all"]["lost"]) == (3, 2, 0)
+    assert set(r) == {"all", "x", "y"} and r["y"]["diff"] == 1.0
+    with pytest.raises(ValueError):
+        wm.compare_predictions(a, write("c.jsonl", [("q", 1, True)]))
