@@ -407,7 +407,8 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
 
     Tolerant of model output: a line that does not parse, names a REF that o_t lacks, edits a line
     already removed or changed, changes a line's bid, adds a bid that is already on the page (or was
-    already added), repeats a header, moves the focus to a bid o_t lacks, or would grow the tree past `max_lines` is skipped and counted.
+    already added), repeats a header, moves the focus to a bid o_t lacks (the flag still leaves its
+    old line), or would grow the tree past `max_lines` is skipped and counted.
     A `=` whose subtree holds a line already removed or changed is skipped with its block lines
     (each counted); a block line with a bid already on the page is skipped and counted alone.
     Never raises. Removes, changes and blocks are resolved before inserts, so their order is free;
@@ -416,12 +417,9 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
     s = as_state(o_t)
     old = tree_lines(s["axtree"])
     header, edits, n_bad = parse_delta(delta)
-    if "focus" in header:  # the focus moves first; the edits see the moved page (REFs are unchanged)
-        moved, found = move_focus(old, None if header["focus"] == "none" else header["focus"][1:-1])
-        if found:
-            old = moved
-        else:
-            n_bad += 1
+    if "focus" in header:  # the focus moves first; the edits see the moved page
+        old, found = move_focus(old, None if header["focus"] == "none" else header["focus"][1:-1])
+        n_bad += not found  # a bid not on o_t (a line the edits add?): the flag leaves the old line all the same
     refs = line_refs(old)
     index = {r: i for i, r in enumerate(refs)}
     removed: set[int] = set()
@@ -490,7 +488,7 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
 def drop_shown(hidden: str, tree: list[str]) -> str:
     """`hidden` (axtree.format_hidden's lines) without each top-level block that holds a bid `tree`'s
     lines show. Unchanged when no block does (also when the text is no such listing)."""
-    if not hidden:
+    if not hidden or not isinstance(hidden, str):
         return hidden
     shown = {_line_bid(x) for x in tree} - {None}
     lines = hidden.split("\n")
