@@ -13,8 +13,8 @@ Here the change Δ is a precise, line-oriented edit of the flattened accessibili
 
     url: miniwob/other.html            the new URL (only when it changed)
     error: ValueError: Could not ...   the action's error shown to the agent (only when there is one)
-    focus: [21] | none                 the focus moves to the line with bid 21 (or leaves every line) before
-                                       the edits (only when it moves, to a line already on the page)
+    focus: [21] | none                 (FOCUS_HEADER) the focus moves to the line with bid 21 (or leaves
+                                       every line) before the edits
     - REF                              remove the line REF
     ~ LINE                             LINE replaces the line with LINE's bid: `~ [21] checkbox 'Gh', checked`
     ~ REF LINE                         LINE replaces the line REF (a line without a bid: `~ [24]+1 StaticText 'x'`)
@@ -34,10 +34,11 @@ An unchanged page is the one-line Δ `done: no`. Example (click('21') checks a b
     + [24] StaticText 'Done!'
     done: no
 
-The focus is a header, not two line edits: three in four real transitions move it (a click focuses
-what it clicks), and `focus: [21]` says that in one short line where `~ [18] textbox` then
-`~ [21] button 'next', focused` made the model rewrite both lines. The `, focused` flag is the first
-flag of a line (axtree._FLAG_PROPS); the edits that follow see the page with the focus moved.
+With `FOCUS_HEADER` (or `diff(..., focus=True)`) a moved focus is a header, not two line edits:
+three in four real transitions move it, and `focus: [21]` says in one short line what
+`~ [18] textbox` then `~ [21] button 'next', focused` says by rewriting both lines. The `, focused`
+flag is the first flag of a line (axtree._FLAG_PROPS); the edits that follow see the page with the
+focus moved. Off by default: it helped exact next pages less than it hurt completion (FOCUS_HEADER).
 
 A panel swap (click-tab-2: the tab panel [24] gives way to [31] and its text) is one `=` block; `diff`
 writes a block wherever it makes the Δ shorter than the line-by-line edits (`subtree=False`: never):
@@ -67,6 +68,11 @@ from axtree import BID as _BID, STRING as _STRING, line_bid as _line_bid
 # States and the Δ format
 
 DONE_VALUES = ("yes", "no", "fail")
+# diff writes a moved focus as a `focus:` header (True) or as rewritten lines (False, the default):
+# measured on 329 held-out transitions (docs/dreams.md), the header gave +4.6 points of exact next pages
+# (-0.4 to +9.6, not significant) and -6.7 points of completion accuracy (-10.6 to -2.8, p = 0.001).
+# apply reads the header either way. Flip it (before training a world model) to try the header.
+FOCUS_HEADER = False
 MAX_LINES = 1000  # apply() never builds a tree longer than this (flatten_axtree writes at most ~201)
 
 _REF = rf"(?:\^|\[{_BID}\])(?:\+[0-9]+)?"
@@ -181,7 +187,7 @@ def _focus_header(old: list[str], new: list[str]) -> tuple[str | None, list[str]
     return (None, old) if moved == old else (f"[{target}]" if target else "none", moved)
 
 
-def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True) -> str:
+def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: bool | None = None) -> str:
     """The Δ that turns o_t into o_next (states: env.Obs or dicts with url, axtree, error).
 
     done: the `done:` line, True/"yes" (task complete), False/"no", or "fail" (ended unsuccessfully).
@@ -191,13 +197,15 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True) -> str:
     text changed is `~`, lines without a bid in a replaced stretch are paired in order as `~`.
     subtree: also try `=` blocks (an old subtree replaced by the new lines between the same kept
     neighbours), greedily, up to 4, each kept only when it makes the Δ text shorter.
+    focus: write a moved focus as a `focus:` header (None: FOCUS_HEADER).
     """
     status = ("yes" if done else "no") if isinstance(done, bool) else done
     if status not in DONE_VALUES:
         raise ValueError(f"done must be a bool or one of {DONE_VALUES}, got {done!r}")
     a, b = as_state(o_t), as_state(o_next)
     old, new = tree_lines(a["axtree"]), tree_lines(b["axtree"])
-    focus, old = _focus_header(old, new)  # the edits below start from the page with the focus moved
+    header_focus = FOCUS_HEADER if focus is None else focus
+    focus, old = _focus_header(old, new) if header_focus else (None, old)  # edits start from the moved page
     refs = line_refs(old)
     anchors = {r[1:-1] for r in refs if r[0] == "[" and "+" not in r}  # bids that are their own REF
     okeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in old]

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import compress
+import delta
 import policy
 from actions import ActionParseError, parse_action
 from delta import apply, as_state, delta_lines, predicted_done, predicted_status, tree_f1, tree_lines
@@ -36,8 +37,8 @@ logger = logging.getLogger(__name__)
 # The model: p(Δ | goal, o_t, a_t)
 
 # Short on purpose: it is in every world-model sequence.
-WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with `focus: [bid]` if it "
-                    "moves, edits: `- REF` remove, "
+WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with "
+                    + ("`focus: [bid]` if it moves, edits: " if delta.FOCUS_HEADER else "edits: ") + "`- REF` remove, "
                     "`~ LINE` change, `+ REF LINE` add after REF, `= REF LINE` then `| LINE`s replace REF's "
                     "subtree, then `done: yes|no|fail`.")
 
