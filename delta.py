@@ -204,8 +204,8 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
         raise ValueError(f"done must be a bool or one of {DONE_VALUES}, got {done!r}")
     a, b = as_state(o_t), as_state(o_next)
     old, new = tree_lines(a["axtree"]), tree_lines(b["axtree"])
-    header_focus = FOCUS_HEADER if focus is None else focus
-    focus, old = _focus_header(old, new) if header_focus else (None, old)  # edits start from the moved page
+    moved_to, old = (_focus_header(old, new) if (FOCUS_HEADER if focus is None else focus)
+                     else (None, old))  # the `focus:` value; the edits start from the moved page
     refs = line_refs(old)
     anchors = {r[1:-1] for r in refs if r[0] == "[" and "+" not in r}  # bids that are their own REF
     okeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in old]
@@ -223,8 +223,8 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
         out.append(f"url: {_one_line(b['url'])}")
     if b["error"]:
         out.append(f"error: {_one_line(b['error'])}")
-    if focus is not None:
-        out.append(f"focus: {focus}")
+    if moved_to is not None:
+        out.append(f"focus: {moved_to}")
     out += [text for *_, text in sorted(ops)]
     out.append(f"done: {status}")
     return "\n".join(out)
