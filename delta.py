@@ -143,10 +143,10 @@ def subtree_end(lines: list[str], i: int) -> int:
 
 def has_focus(line: str) -> bool:
     """Whether a tree line carries the `focused` flag (not inside its quoted name or value)."""
-    return any(m.group(0) == ", focused" for m in _FOCUS_FLAG.finditer(line))
+    return _without_focus(line) != line
 
 
-def _without_focus(line: str) -> str:
+def _without_focus(line: str) -> str:  # the line without its first `, focused` flag
     for m in _FOCUS_FLAG.finditer(line):
         if m.group(0) == ", focused":
             return line[:m.start()] + line[m.end():]
@@ -164,7 +164,7 @@ def move_focus(lines: list[str], bid: str | None) -> tuple[list[str], bool]:
     """The lines with the `focused` flag taken off every line and put on the first line whose bid is
     `bid` (None: on none). Returns (lines, found): found is False when no line has that bid (the
     flag is then on no line)."""
-    out = [_without_focus(x) if has_focus(x) else x for x in lines]
+    out = [_without_focus(x) for x in lines]
     if bid is None:
         return out, True
     i = next((i for i, x in enumerate(out) if _line_bid(x) == bid), None)
@@ -500,10 +500,10 @@ def drop_shown(hidden: str, tree: list[str]) -> str:
         return hidden
     shown = {_line_bid(x) for x in tree} - {None}
     lines = hidden.split("\n")
-    base = min(len(x) - len(x.lstrip(" ")) for x in lines)
+    base = min(map(indent, lines))
     blocks: list[list[str]] = []
     for x in lines:
-        if not blocks or len(x) - len(x.lstrip(" ")) <= base:
+        if not blocks or indent(x) <= base:
             blocks.append([])
         blocks[-1].append(x)
     kept = [b for b in blocks if not any(_line_bid(x) in shown for x in b)]
