@@ -116,6 +116,8 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                                 text = policy_fn(task, obs, history) if policy_fn else expert_action(task, obs, rng)
                                 source = "policy" if policy_fn else "expert"
                             except Exception as e:  # an expert that cannot read the page: act randomly
+                                if policy_fn:  # a policy's failure is a bug, not a page the expert cannot read
+                                    raise
                                 logger.debug("expert failed on %s seed %s: %s", task, seed, e)
                         if text is None:
                             text = random_action(obs, rng)

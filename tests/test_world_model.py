@@ -534,6 +534,13 @@ def test_collect_with_a_policy_shows_it_the_episode_so_far(tmp_path, tok):
     assert seen[0] == [] and len(seen[1]) == 1 and seen[1][0]["response"] == "click('9999')"
     assert seen[1][0]["observation"].startswith("Goal: ") and t0["goal"] in seen[1][0]["observation"]
 
+    def broken(task, obs, history):
+        raise RuntimeError("a bug in the policy")
+
+    with pytest.raises(RuntimeError, match="a bug in the policy"):  # not swallowed as an unreadable page
+        trans.collect_transitions(["click-button"], [0], str(tmp_path / "u.jsonl"), policy_fn=broken, random_frac=0.0,
+                                  max_steps=1)
+
     ckpt = str(tmp_path / "ckpt")
     policy.tiny_model(tok, seed=3).save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
