@@ -1,6 +1,6 @@
 # webdream: setup, the main job on the embedded defaults, tests.
-#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (85 min by stages on one
-#               2-core machine, about 2 h on a slower one: docs/rl.md, rl-e9)
+#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (1 h 54 min end to end on a
+#               fresh clone, 2 cores, 2026-12-02: docs/rl.md, rl-e11)
 #   make test   the test suite (real Chromium, real tokenizer, tiny models; 6.5 min on 2 cores, 12.6 on a slower machine)
 PY      ?= python
 RUNS    ?= runs
