@@ -446,6 +446,8 @@ if __name__ == "__main__":
                     help="two --eval predictions files (A B): B's paired gain in exact next pages, overall and per task")
     a = ap.parse_args()
     tasks = [t for t in a.tasks.split(",") if t]
+    if a.policy and not a.collect:
+        ap.error("--policy chooses the actions of --collect; give --collect FILE too")
     if a.compare:
         for name, r in compare_predictions(*a.compare).items():
             print(f"{name:24s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
