@@ -116,6 +116,17 @@ def resolve_prompt_settings(args, path: str | None, defaults: dict | None = None
         args.max_new_tokens = reply_budget(args.think)
 
 
+def prompt_settings(args):
+    """The compress.PromptSettings that the prompt flags in `args` (argparse namespace, after
+    resolve_prompt_settings) name: keep_last, no_compress, max_prompt_tokens, think, bid_last, and benchmark
+    where args has it (else MiniWoB's)."""
+    import compress
+
+    return compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
+                                   max_tokens=args.max_prompt_tokens, think=args.think,
+                                   benchmark=getattr(args, "benchmark", "miniwob"), bid_last=args.bid_last)
+
+
 def reply_budget(think: bool) -> int:
     """The default reply budget in tokens: 64 with a thought before the action, 32 without."""
     return 64 if think else 32

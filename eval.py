@@ -181,9 +181,7 @@ def main(argv=None):
         p.error(f"--ckpt {args.ckpt}: no such checkpoint folder")
     # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
     checkpoint.resolve_prompt_settings(args, args.ckpt, benchmarks.prompt_defaults(args.benchmark))
-    prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                     max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark,
-                                     bid_last=args.bid_last)
+    prompt = checkpoint.prompt_settings(args)
     least = compress.min_tokens(policy.load_tokenizer(args.ckpt or args.model), prompt.system)
     if args.max_prompt_tokens < least:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"

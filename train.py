@@ -299,9 +299,7 @@ def parse_args(argv=None):
         args.clip_low = 0.2 if args.loss == "mgrpo" else 3e-4
     if args.clip_high is None:
         args.clip_high = 0.2 if args.loss == "mgrpo" else 4e-4
-    args.prompt = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                          max_tokens=args.max_prompt_tokens, think=args.think, benchmark=args.benchmark,
-                                          bid_last=args.bid_last)
+    args.prompt = checkpoint.prompt_settings(args)
     least = _least_budget(args.model if args.tiny else args.init or args.model, args.prompt)
     if least is not None and args.max_prompt_tokens < least:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens} is too small: the system prompt"

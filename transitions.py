@@ -157,13 +157,11 @@ def checkpoint_policy(path: str, *, temperature: float = 1.0, seed: int = 0):
     import torch
 
     import checkpoint
-    import compress
     import policy
 
     args = argparse.Namespace(**{k: None for k in checkpoint.PROMPT_DEFAULTS})
-    checkpoint.resolve_prompt_settings(args, path if os.path.isdir(path) else None)
-    settings = compress.PromptSettings(keep_last=args.keep_last, compress=not args.no_compress,
-                                       max_tokens=args.max_prompt_tokens, think=args.think, bid_last=args.bid_last)
+    checkpoint.resolve_prompt_settings(args, path)  # a model name has no webdream.json: the defaults
+    settings = checkpoint.prompt_settings(args)
     model, tok = policy.load_model(path)
     torch.manual_seed(seed)
 
