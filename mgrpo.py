@@ -103,15 +103,19 @@ def token_weights(resp_mask: torch.Tensor, traj_index: torch.Tensor, mode: str =
 
 def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, *,
                clip_low: float = 0.2, clip_high: float = 0.2, ref_logp: torch.Tensor | None = None,
-               kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+               kl_coef: float = 0.0, kl_clip: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Clipped multi-turn GRPO loss for a (micro-)batch of turn-samples.
 
     logp, old_logp: (M, L) log-probs of the action tokens under pi and pi_old (old is detached);
     advantages: (M,) the advantage of each sample's trajectory; weights: (M, L) from
     `token_weights` (0 off action tokens; they carry the aggregation). ref_logp: (M, L) reference log-probs:
     the KL is reported whenever they are given, and enters the loss only with kl_coef > 0.
+    kl_clip > 0 caps each token's k3 term in the loss at kl_clip (verl's "low_var_kl" caps it at 10):
+    k3 = exp(d) - d - 1 with d = log pi_ref - log pi grows exponentially once a token falls below the
+    reference, and its gradient, 1 - exp(d) per unit of log pi, with it; one such token can outweigh
+    the rest of the batch after gradient clipping. A capped token carries no KL gradient.
     Returns (scalar loss, stats) where stats hold weighted means of the ratio, the clip fraction
-    and the KL, as floats.
+    and the KL (uncapped: what the policy's distance is), and the share of tokens capped, as floats.
     """
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # a masked garbage position must not overflow
     ratio = torch.exp(log_ratio)  # (M, L)
@@ -123,11 +127,12 @@ def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
         d = (ref_logp - logp).clamp(-20.0, 20.0)
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || pi_ref), >= 0
         if kl_coef > 0:
-            per_token = per_token + kl_coef * kl
+            per_token = per_token + kl_coef * (kl.clamp(max=kl_clip) if kl_clip > 0 else kl)
     loss = (per_token * weights).sum()
     with torch.no_grad():
         wsum = weights.sum().clamp(min=1e-12)
         clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
         stats = {"ratio": float((ratio * weights).sum() / wsum), "clip_frac": float((clipped * weights).sum() / wsum),
-                 "kl": float((kl * weights).sum() / wsum), "weight": float(weights.sum())}
+                 "kl": float((kl * weights).sum() / wsum), "weight": float(weights.sum()),
+                 "kl_capped": float(((kl > kl_clip).float() * weights).sum() / wsum) if kl_clip > 0 else 0.0}
     return loss, stats

@@ -187,12 +187,20 @@ def parse_args(argv=None):
     g.add_argument("--clip-low", type=float, default=None, help="ratio clip below 1 (default 0.2 mgrpo, 3e-4 gspo)")
     g.add_argument("--clip-high", type=float, default=None, help="ratio clip above 1 (default 0.2 mgrpo, 4e-4 gspo)")
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial model (0: no reference model)")
+    g.add_argument("--kl-clip", type=float, default=0.0, metavar="C",
+                   help="cap each token's k3 KL term in the M-GRPO loss at C (verl's low_var_kl: 10): a token far below "
+                        "the reference then adds C and no gradient instead of exp(log pi_ref - log pi) (mgrpo.mgrpo_loss; "
+                        "logged: loss/kl_capped); 0: uncapped")
     g.add_argument("--log-kl", action="store_true",
                    help="log loss/kl, the k3 KL of the trained tokens to the start checkpoint, without a penalty (a "
                         "collapse guard; loads the reference model: one more forward pass per update)")
     g.add_argument("--neg-adv-weight", type=float, default=1.0,
                    help="multiply negative group advantages by this (1: GRPO; 0: reinforce only a group's better "
                         "trajectories; mgrpo.group_advantages, docs/rl.md)")
+    g.add_argument("--warmup-steps", type=int, default=0, metavar="N",
+                   help="real and dream modes: the learning rate rises linearly to --lr over the run's first N optimizer "
+                        "steps (AdamW's first step moves every weight by the full lr; update.warmup_lr, docs/rl.md); "
+                        "0: none")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
     g.add_argument("--aggregation", choices=["trajectory", "turn", "token"], default="trajectory",
@@ -291,6 +299,11 @@ def parse_args(argv=None):
         p.error("--tiny builds a random model; it cannot start from --init")
     if args.kl_coef > 0 and args.loss == "gspo":
         p.error("--kl-coef applies to --loss mgrpo only (GSPO has no KL term)")
+    if args.kl_clip < 0 or (args.kl_clip and args.kl_coef <= 0):
+        p.error(f"--kl-clip {args.kl_clip} caps the KL penalty's terms: it needs --kl-coef > 0 (and C > 0)")
+    if args.warmup_steps < 0 or (args.warmup_steps and not rl):
+        p.error(f"--warmup-steps N (>= 0) applies to --mode real and dream (bc, wm and judge warm up over 10 steps), "
+                f"got {args.warmup_steps} with --mode {args.mode}")
     if args.init and not os.path.isdir(args.init):
         p.error(f"--init {args.init}: no such checkpoint folder")
     if args.lr is None:
@@ -328,11 +341,12 @@ def update_config(args, gen=None) -> update.UpdateConfig:
     stored log-probs are pi_old's own (generators.HFGenerator.logprobs_are_pi_old: the trainer's weights,
     fp32; not vLLM, bf16 or a scripted stand-in), which spares scoring pi_old again."""
     return update.UpdateConfig(loss=args.loss, aggregation=args.aggregation, clip_low=args.clip_low,
-                               clip_high=args.clip_high, kl_coef=args.kl_coef,
+                               clip_high=args.clip_high, kl_coef=args.kl_coef, kl_clip=args.kl_clip,
                                neg_adv_weight=args.neg_adv_weight, ppo_epochs=args.ppo_epochs,
                                minibatches=args.minibatches, micro_batch=args.micro_batch,
                                temperature=args.temperature, max_grad_norm=args.max_grad_norm, bf16=bool(args.bf16),
-                               old_from_rollout=bool(getattr(gen, "logprobs_are_pi_old", False)) and not args.bf16)
+                               old_from_rollout=bool(getattr(gen, "logprobs_are_pi_old", False)) and not args.bf16,
+                               lr=args.lr, warmup_steps=args.warmup_steps)
 
 
 def build_model(args, device, path=None, fsdp=None):

@@ -16,6 +16,8 @@ the log-probs each turn stored when it was sampled (records.Turn.response_logpro
 to float rounding when the rollout sampled with the trainer's own weights in the same precision
 (generators.HFGenerator without --bf16; train.py decides), one forward pass over the batch fewer.
 Turns without them (expert trajectories, which carry an "advantage") are scored as before.
+With `warmup_steps` the learning rate of the run's first optimizer steps rises linearly to `lr`
+(warmup_lr, counted by the optimizer's own step count, so a resumed run carries on where it was).
 The loss of one step is the mean over its part's trajectories (mgrpo.token_weights' aggregation,
 or GSPO's per-trajectory mean), with the counts taken over every rank (distributed.all_sums), and the ranks' gradients are summed: a rank with a
 smaller share weighs each of its trajectories the same as a rank with a larger one. Trajectories
@@ -51,6 +53,7 @@ class UpdateConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0             # M-GRPO's k3 penalty to the reference model (needs ref)
+    kl_clip: float = 0.0             # each token's k3 term in the loss capped at this (0: uncapped; mgrpo.mgrpo_loss)
     neg_adv_weight: float = 1.0      # negative group advantages are multiplied by it (mgrpo.group_advantages)
     ppo_epochs: int = 1              # passes over the batch
     minibatches: int = 1             # optimizer steps per pass
@@ -59,6 +62,29 @@ class UpdateConfig:
     max_grad_norm: float = 1.0
     bf16: bool = False
     old_from_rollout: bool = False   # pi_old = each turn's response_logprobs (sampled by these very weights)
+    lr: float = 0.0                  # the learning rate after warm-up (train.py: --lr); used only with warmup_steps
+    warmup_steps: int = 0            # linear learning-rate warm-up over the run's first N optimizer steps (0: none)
+
+
+def optimizer_steps(opt) -> int:
+    """How many steps `opt` (torch.optim.AdamW or Adam) has taken: its per-parameter "step" count,
+    which a resumed run restores with the optimizer state (checkpoint.restore_state); 0 before the first."""
+    for st in opt.state.values():
+        if "step" in st:
+            return int(st["step"])
+    return 0
+
+
+def warmup_lr(lr: float, warmup_steps: int, done: int) -> float:
+    """The learning rate of optimizer step `done` + 1 under a linear warm-up: lr * (done + 1) / warmup_steps
+    for the first `warmup_steps` steps, then lr. Why RL here needs one: AdamW's first step divides
+    each gradient by its own magnitude, so it moves every weight by the full lr whatever the
+    gradient's size (Liu et al. 2020, RAdam, Sec. 3). From the BC start, the first iteration's second
+    step saw loss/kl 20.3 and a gradient norm of 574 before clipping, against 0.02-0.05 and 1-2 in
+    every later iteration (rl-e11, docs/rl.md)."""
+    if warmup_steps <= 0:
+        return lr
+    return lr * min(1.0, (done + 1) / warmup_steps)
 
 
 def score(model, tok, batch: list[tuple], temperature: float, bf16: bool, device) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -124,7 +150,8 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
     rollout/reward (mean reward of the trajectories that count), rollout/zero_var_groups (share of
     them in groups with equal rewards), loss/trajectories (counted), loss/trajectories_trained
     (nonzero advantage), loss/updates (optimizer steps), loss/policy, loss/ratio, loss/clip_frac,
-    loss/kl (weighted means), loss/grad_norm (last step), loss/empty_samples, and loss/nll with nll.
+    loss/kl, loss/kl_capped (weighted means), loss/grad_norm (last step), loss/empty_samples, loss/nll with nll, and loss/lr
+    (the last step's learning rate) with cfg.warmup_steps.
     """
     nll = nll or []
     valid = [t for t in trajectories if records.trainable(t)]
@@ -171,7 +198,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                     for j, k in enumerate(todo):
                         store[k] = lp[j, L - len(samples[k][2]):]
     model.train()
-    agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0, "loss/updates": 0,
+    agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0, "loss/kl_capped": 0.0, "loss/updates": 0,
            "loss/grad_norm": 0.0}
     if nll_coef:
         agg["loss/nll"] = 0.0
@@ -219,13 +246,15 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                     w = rm * torch.tensor([w_of[k] for k in mb], device=device)[:, None]
                     a = torch.tensor([float(adv[i]) for i, _, _ in batch], device=device)
                     loss, s = mgrpo.mgrpo_loss(logp, old_lp, a, w, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                               ref_logp=r_lp, kl_coef=cfg.kl_coef if use_kl else 0.0)
+                                               ref_logp=r_lp, kl_coef=cfg.kl_coef if use_kl else 0.0,
+                                               kl_clip=cfg.kl_clip)
                     weight = s["weight"]
                 (loss * rl_scale).backward()
                 agg["loss/policy"] += loss.item() / n_updates
                 agg["loss/ratio"] += s["ratio"] * weight
                 agg["loss/clip_frac"] += s["clip_frac"] * weight
                 agg["loss/kl"] += s.get("kl", 0.0) * weight
+                agg["loss/kl_capped"] += s.get("kl_capped", 0.0) * weight
                 weight_seen += weight
             for j in range(0, len(nll_chunk), cfg.micro_batch):  # real expert turns: -log p(reply)
                 batch = [(None, p, r) for p, r in nll_chunk[j:j + cfg.micro_batch]]
@@ -235,10 +264,14 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 agg["loss/nll"] += loss.item() / n_updates
             distributed.sync_gradients(model, world)
             agg["loss/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            if cfg.warmup_steps > 0:
+                agg["loss/lr"] = warmup_lr(cfg.lr, cfg.warmup_steps, optimizer_steps(opt))
+                for group in opt.param_groups:
+                    group["lr"] = agg["loss/lr"]
             opt.step()
             opt.zero_grad(set_to_none=True)
             agg["loss/updates"] += 1
-    for k in ("loss/ratio", "loss/clip_frac", "loss/kl"):
+    for k in ("loss/ratio", "loss/clip_frac", "loss/kl", "loss/kl_capped"):
         agg[k] = agg[k] / weight_seen if weight_seen else (1.0 if k == "loss/ratio" else 0.0)
     stats.update(agg)
     return stats

@@ -108,6 +108,26 @@ def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
     assert abs(s2["kl"] - s1["kl"]) < 1e-9 and float(l2) == 0.0
 
 
+def test_kl_clip_caps_a_token_far_below_the_reference_and_its_gradient():
+    # two tokens at advantage 0: one 0.5 nats below the reference (k3 = 0.1065), one 12 nats below
+    # (k3 = e^12 - 13 = 162741.8, gradient 1 - e^12 per unit of log pi). Capped at 10 the far token
+    # adds 10 to the loss and no gradient; the near one is untouched; the reported KL stays uncapped
+    d = torch.tensor([[0.5, 12.0]], dtype=torch.float64)
+    ref = torch.log(torch.tensor([[0.5, 0.9]], dtype=torch.float64))
+    w = torch.full((1, 2), 0.5, dtype=torch.float64)
+    k3 = torch.exp(d) - d - 1
+    for clip, loss_by_hand, grad_by_hand in ((0.0, 0.1 * 0.5 * (k3[0, 0] + k3[0, 1]), 0.1 * 0.5 * (1 - torch.exp(d[0]))),
+                                             (10.0, 0.1 * 0.5 * (k3[0, 0] + 10.0), torch.tensor([0.1 * 0.5 * (1 - math.exp(0.5)), 0.0]))):
+        logp = (ref - d).clone().requires_grad_()
+        loss, s = mgrpo.mgrpo_loss(logp, logp.detach(), torch.tensor([0.0], dtype=torch.float64), w, ref_logp=ref,
+                                   kl_coef=0.1, kl_clip=clip)
+        loss.backward()
+        assert abs(loss.item() - float(loss_by_hand)) < 1e-9 * float(loss_by_hand)
+        assert torch.allclose(logp.grad[0], grad_by_hand.to(torch.float64), rtol=1e-9)
+        assert abs(s["kl"] - float(k3.mean())) < 1e-6 * float(k3.mean())  # the logged KL: uncapped
+        assert s["kl_capped"] == (0.5 if clip else 0.0)
+
+
 def test_asymmetric_clip_bounds_by_hand():
     # clip_low 0.1, clip_high 0.3: the range is [0.9, 1.3]. Token ratios 0.85 and 1.4 fall outside it
     # (one on each side), 0.95 and 1.2 inside; 1.2 is outside [0.7, 1.1] (the bounds swapped) and

@@ -114,6 +114,37 @@ def test_policy_update_raises_the_likelihood_of_the_rewarded_action(loss, epochs
         assert abs(stats["loss/ratio"] - 1.0) < 1e-6 and stats["loss/clip_frac"] == 0.0  # on-policy: ratio exactly 1
 
 
+def test_warmup_steps_raise_the_learning_rate_linearly_from_the_first_optimizer_step(tok):
+    # AdamW's first step moves every weight with a gradient by about its learning rate: with
+    # --warmup-steps 4 that is lr / 4, then 2 lr / 4 on the next step, counted from the optimizer's own
+    # state (so a second update, or a resumed run, carries on); without warm-up the full lr
+    import torch
+
+    import policy
+    import train
+    import update
+
+    def largest_moves(*flags, updates=2):
+        torch.manual_seed(0)
+        model = policy.tiny_model(tok)
+        args = train.parse_args(["--mode", "real", "--lr", "1e-3", "--micro-batch", "2", *flags])
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+        moves, lrs = [], []
+        for _ in range(updates):
+            before = [p.detach().clone() for p in model.parameters()]
+            stats = update.policy_update(model, opt, tok, synthetic_trajectories(tok), train.update_config(args), "cpu", 1)
+            moves.append(max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)))
+            lrs.append((stats.get("loss/lr"), opt.param_groups[0]["lr"]))
+        return moves, lrs
+
+    moves, lrs = largest_moves("--warmup-steps", "4")
+    assert 0.9 * 2.5e-4 < moves[0] <= 2.5e-4 * 1.001 and lrs[0] == (2.5e-4, 2.5e-4)
+    assert 0.9 * 5e-4 < moves[1] <= 5e-4 * 1.002 and lrs[1] == (5e-4, 5e-4)  # (Adam's 2nd step: up to 1.0014 lr)
+    moves, lrs = largest_moves(updates=1)
+    assert 0.9e-3 < moves[0] <= 1.001e-3 and lrs[0] == (None, 1e-3)
+    assert update.warmup_lr(1e-3, 4, 3) == 1e-3 and update.warmup_lr(1e-3, 4, 10) == 1e-3
+
+
 def test_sigkill_mid_run_then_resume_ends_where_an_uninterrupted_run_would(tmp_path, demos):
     import signal
     import time
@@ -158,6 +189,9 @@ def torch_equal(x, y):
     (["--mode", "real", "--temperature", "0"], "--temperature must be > 0"),
     (["--mode", "bc", "--micro-batch", "0"], "--micro-batch must be at least 1"),
     (["--mode", "real", "--loss", "gspo", "--kl-coef", "0.1"], "GSPO has no KL"),
+    (["--mode", "real", "--kl-clip", "10"], "it needs --kl-coef > 0"),
+    (["--mode", "bc", "--warmup-steps", "4"], "applies to --mode real and dream"),
+    (["--mode", "real", "--warmup-steps", "-1"], "--warmup-steps N (>= 0)"),
     (["--mode", "dream", "--real-ratio", "1.5"], "--real-ratio must be in [0, 1]"),
     (["--mode", "dream", "--real-ratio", "-0.1"], "--real-ratio must be in [0, 1]"),
     (["--mode", "dream", "--dream-len", "0"], "--dream-len must be at least 1"),
