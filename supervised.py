@@ -31,6 +31,7 @@ import compress
 import distributed
 import experts
 import policy
+import update
 from runlog import read_jsonl
 
 
@@ -126,8 +127,8 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         raise ValueError(f"--batch-size {args.batch_size} must divide evenly over {world} ranks")
     steps_per_epoch = max(1, len(samples) // args.batch_size)
     total_steps = max(1, int(steps_per_epoch * args.epochs))
-    # linear warm-up over 10 steps, then linear decay to a tenth
-    schedule = lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / total_steps)  # noqa: E731
+    # linear warm-up over 10 steps (the RL update's update.warmup_lr), then linear decay to a tenth
+    schedule = lambda s: update.warmup_lr(1.0, 10, s) * max(0.1, 1 - s / total_steps)  # noqa: E731
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     sched.last_epoch = step
     for group, base in zip(opt.param_groups, sched.base_lrs):  # resumed: the rate of step `step`, not of step 0
