@@ -5,6 +5,7 @@
     python eval.py --ckpt runs/real/final --out runs/eval-real
     python eval.py --ckpt runs/bc/final --seeds 2 --report runs/bc/final/report  # + an HTML report
     python eval.py --compare BC=runs/bc/final/eval M-GRPO=runs/real/final/eval   # per-task table, same episodes
+    python eval.py --compare BC=a/bc/final/eval,b/bc/final/eval M-GRPO=a/real/final/eval,b/real/final/eval  # 2 repeats pooled
     python eval.py --benchmark webarena-lite --ckpt CKPT --judge-url http://127.0.0.1:8000/v1   # hosted WebArena-Lite
 
 --benchmark webarena-lite (benchmarks.py, webarena_lite.py) evaluates WebArena-Lite's 165 tasks once each
@@ -61,6 +62,8 @@ def markdown(summary: dict, title: str) -> str:
 
 def _label(path: str) -> str:
     """A run's default --compare label: its folder, less a trailing /eval (runs/bc/final/eval -> runs/bc/final)."""
+    if "," in path:  # replicates: named by the first
+        return _label(path.split(",")[0]) + ",..."
     path = os.path.normpath(path)
     return os.path.dirname(path) if os.path.basename(path) == "eval" else path
 
@@ -73,19 +76,33 @@ def compare(runs: list[tuple[str, str]]) -> str:
     present in every run count, so runs evaluated on different numbers of seeds compare on the same
     pages; the last rows give each run's mean with its 95% Wilson interval, the episodes compared and
     the real browser steps they took. The paired table: gained / lost episodes, the difference in
-    points with its 95% interval, and the exact McNemar p (stats.paired). Errors: FileNotFoundError
-    for a folder without trajectories.jsonl; ValueError when the runs share no episode.
+    points with its 95% interval, and the exact McNemar p (stats.paired).
+
+    Replicates: a comma-separated list of folders, the same number k for every label
+    (`BC=a/bc,b/bc RL=a/rl,b/rl`), pools k repeats of the comparison: the i-th folders of all labels
+    form replicate i, an episode is (i, task, seed), and the tables count every replicate's episodes
+    (two RL runs from one BC checkpoint count that BC's episodes twice, each paired with its own run).
+    Errors: FileNotFoundError for a folder without trajectories.jsonl; ValueError when the runs share
+    no episode or list different numbers of replicates.
     """
     trajs = {}
-    for label, path in runs:
-        f = path if path.endswith(".jsonl") else os.path.join(path, "trajectories.jsonl")
-        if not os.path.exists(f):
-            raise FileNotFoundError(f"{f} not found: python eval.py --ckpt CKPT --out {path} writes it")
-        trajs[label] = read_jsonl(f)
-    common = set.intersection(*({(t["task"], t["seed"]) for t in ts} for ts in trajs.values()))
+    for label, paths in runs:
+        reps = []
+        for i, path in enumerate(paths.split(",")):
+            f = path if path.endswith(".jsonl") else os.path.join(path, "trajectories.jsonl")
+            if not os.path.exists(f):
+                raise FileNotFoundError(f"{f} not found: python eval.py --ckpt CKPT --out {path} writes it")
+            reps += [(i, t) for t in read_jsonl(f)]
+        trajs[label] = reps
+    counts = {label: len(paths.split(",")) for label, paths in runs}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"every run needs the same number of replicate folders, got {counts}")
+    episode = lambda i, t: (i, t["task"], t["seed"])  # noqa: E731
+    common = set.intersection(*({episode(i, t) for i, t in ts} for ts in trajs.values()))
     if not common:
         raise ValueError(f"the runs {[l for l, _ in runs]} share no (task, seed) episode")
-    shared = {l: [t for t in ts if (t["task"], t["seed"]) in common] for l, ts in trajs.items()}
+    shared_reps = {l: [(i, t) for i, t in ts if episode(i, t) in common] for l, ts in trajs.items()}
+    shared = {l: [t for _, t in ts] for l, ts in shared_reps.items()}
     tasks = list(dict.fromkeys(t["task"] for t in next(iter(shared.values()))))
     sums = {l: stats.summarise(ts, tasks) for l, ts in shared.items()}
     lines = ["| task | " + " | ".join(sums) + " |", "|---" * (len(sums) + 1) + "|"]
@@ -97,11 +114,13 @@ def compare(runs: list[tuple[str, str]]) -> str:
     lines.append("| real steps | " + " | ".join(str(sum(t["steps"] for t in ts)) for ts in shared.values()) + " |")
     labels = list(shared)
     if len(labels) > 1:
-        base = stats.outcomes(shared[labels[0]])
-        lines += ["", f"Paired against {labels[0]} on the same episodes (env_error episodes of either run left out):", "",
+        outcomes = lambda ts: {episode(i, t): bool(t["success"]) for i, t in ts if not t["env_error"]}  # noqa: E731
+        base = outcomes(shared_reps[labels[0]])
+        pooled = f", {max(counts.values())} replicates pooled" if max(counts.values()) > 1 else ""
+        lines += ["", f"Paired against {labels[0]} on the same episodes (env_error episodes of either run left out{pooled}):", "",
                   "| run | episodes | gained | lost | difference (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
         for label in labels[1:]:
-            p = stats.paired(base, stats.outcomes(shared[label]))
+            p = stats.paired(base, outcomes(shared_reps[label]))
             lines.append(f"| {label} | {p['n']} | {p['gained']} | {p['lost']} | {100 * p['diff']:+.1f} points "
                          f"({100 * p['ci95'][0]:+.1f} to {100 * p['ci95'][1]:+.1f}) | {p['p']:.3g} |")
     return "\n".join(lines) + "\n"
@@ -153,9 +172,9 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the model runs")
     p.add_argument("--bf16", type=int, default=0, help="bf16 autocast for generation (1/0); slower than fp32 on CPU")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval or runs/eval-base)")
-    p.add_argument("--compare", nargs="+", default=None, metavar="[LABEL=]DIR",
+    p.add_argument("--compare", nargs="+", default=None, metavar="[LABEL=]DIR[,DIR...]",
                    help="instead of evaluating: a per-task table of earlier evaluations (their out folders), "
-                        "over the episodes they all have")
+                        "over the episodes they all have; DIR,DIR,...: replicates pooled (the i-th of each run paired)")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="also write DIR/report.html: results, training curves, episodes with screenshots")
     args = p.parse_args(argv)
@@ -164,7 +183,10 @@ def main(argv=None):
         labels = [label for label, _ in runs]
         if len(set(labels)) < len(labels):
             p.error(f"--compare: two runs have the same label ({labels}); name them LABEL=DIR")
-        print(compare(runs), end="")
+        try:
+            print(compare(runs), end="")
+        except (ValueError, FileNotFoundError) as e:
+            p.error(f"--compare: {e}")
         return
     benchmarks.configure(args, p.error)  # the sites' variables, the judge
     try:

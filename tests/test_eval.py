@@ -127,3 +127,27 @@ def test_compare_prints_the_paired_difference(tmp_path, capsys):
     out = capsys.readouterr().out
     # 4 gained, none lost, of 10: +40 points; Wald half-width 1.96 * sqrt(4 - 16/10) / 10; McNemar 2/16
     assert "| RL | 10 | 4 | 0 | +40.0 points (+9.6 to +70.4) | 0.125 |" in out
+
+
+def test_compare_pools_replicates_pairing_each_with_its_own(tmp_path, capsys):
+    import json
+
+    def write(name, wins, seeds=range(10)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "trajectories.jsonl").write_text("".join(
+            json.dumps({"task": "x", "seed": s, "success": s in wins, "env_error": False, "steps": 1}) + "\n"
+            for s in seeds))
+        return str(d)
+    # replicate 0: BC wins {0,1,2}, RL {0..6}: 4 gained. Replicate 1 (same seeds): BC {0..5}, RL {0,1,2}: 3 lost.
+    # Pooled on the 20 episodes (replicate, seed): 4 gained, 3 lost; paired across replicates it would be 0 gained.
+    bc0, rl0, bc1, rl1 = write("bc0", {0, 1, 2}), write("rl0", set(range(7))), write("bc1", set(range(6))), write("rl1", {0, 1, 2})
+    webeval.main(["--compare", f"BC={bc0},{bc1}", f"RL={rl0},{rl1}"])
+    out = capsys.readouterr().out
+    half = 1.96 * (7 - 1 / 20) ** 0.5 / 20
+    assert f"| RL | 20 | 4 | 3 | +5.0 points ({100 * (0.05 - half):+.1f} to {100 * (0.05 + half):+.1f}) |" in out
+    assert "| x | 45% | 50% |" in out and "| episodes | 20 | 20 |" in out and "2 replicates pooled" in out
+    assert webeval._label(f"{bc0},{bc1}") == webeval._label(bc0) + ",..."
+    with pytest.raises(SystemExit):  # a replicate without its partner
+        webeval.main(["--compare", f"BC={bc0},{bc1}", f"RL={rl0}"])
+    assert "same number of replicate folders" in capsys.readouterr().err
