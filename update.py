@@ -150,7 +150,8 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
     rollout/reward (mean reward of the trajectories that count), rollout/zero_var_groups (share of
     them in groups with equal rewards), loss/trajectories (counted), loss/trajectories_trained
     (nonzero advantage), loss/updates (optimizer steps), loss/policy, loss/ratio, loss/clip_frac,
-    loss/kl, loss/kl_capped (weighted means), loss/grad_norm (last step), loss/empty_samples, loss/nll with nll, and loss/lr
+    loss/kl, loss/kl_capped (weighted means), loss/grad_norm (last step, before clipping), loss/grad_norm_max
+    (the largest of the iteration's steps: a spike in an early step of several), loss/empty_samples, loss/nll with nll, and loss/lr
     (the last step's learning rate) with cfg.warmup_steps.
     """
     nll = nll or []
@@ -199,7 +200,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                         store[k] = lp[j, L - len(samples[k][2]):]
     model.train()
     agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0, "loss/kl_capped": 0.0, "loss/updates": 0,
-           "loss/grad_norm": 0.0}
+           "loss/grad_norm": 0.0, "loss/grad_norm_max": 0.0}
     if nll_coef:
         agg["loss/nll"] = 0.0
     weight_seen = 0.0  # ratio, clip fraction and KL are means weighted by each micro-batch's loss weight
@@ -264,6 +265,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 agg["loss/nll"] += loss.item() / n_updates
             distributed.sync_gradients(model, world)
             agg["loss/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            agg["loss/grad_norm_max"] = max(agg["loss/grad_norm_max"], agg["loss/grad_norm"])
             if cfg.warmup_steps > 0:
                 agg["loss/lr"] = warmup_lr(cfg.lr, cfg.warmup_steps, optimizer_steps(opt))
                 for group in opt.param_groups:

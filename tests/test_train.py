@@ -258,6 +258,14 @@ def test_gradient_accumulation_micro_batches_and_minibatches(tok, loss):
     # two minibatches: two optimizer steps, each on half the trajectories at the batch's scale
     parts, stats = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "1", "--minibatches", "2")
     assert len(parts) == stats["loss/updates"] == 2 and all(rel_error(p, whole) > 0.01 for p in parts)
+    # loss/grad_norm is the last step's norm, loss/grad_norm_max the largest: a shuffle whose first step is larger
+    for seed in range(8):
+        steps, st = update_grads(model, tok, trajs, "--loss", loss, "--micro-batch", "16", "--minibatches", "2", seed=seed)
+        norms = [sum(float((g.double() ** 2).sum()) for g in p.values()) ** 0.5 for p in steps]  # (no clipping here)
+        if norms[0] > 1.01 * norms[1]:
+            break
+    assert norms[0] > 1.01 * norms[1], norms
+    assert st["loss/grad_norm"] == pytest.approx(norms[1], rel=1e-4) and st["loss/grad_norm_max"] == pytest.approx(norms[0], rel=1e-4)
     err = rel_error(summed(parts), scaled(whole, 2))
     assert err < 1e-5, err
 
