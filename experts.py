@@ -263,6 +263,19 @@ def thought(observation: str, action: str) -> str:
     return f"{verb} {what} [{bid}]."
 
 
+# the element a thought names, at its end: "the ROLE 'NAME' [BID]." (NAME as Python's repr writes it, or absent)
+_THOUGHT_ELEMENT = re.compile(r"the (\S+)(?: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))? \[([^\]\s]+)\]\.?\s*$")
+
+
+def thought_element(text: str) -> tuple[str, str | None, str] | None:
+    """The element a `thought` names, read back: (role, name as `thought` quoted it (repr) or None, bid),
+    or None when `text` does not end the way `thought` ends. The inverse of `thought` on its own
+    output; applied to a model's thought (untrusted text), it only matches a pattern, never evaluates
+    anything. "Click the button 'no' [13]." -> ("button", "'no'", "13")."""
+    m = _THOUGHT_ELEMENT.search(text.strip())
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
 # ----------------------------------------------------------------------------------------------
 # Demonstrations
 

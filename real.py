@@ -68,9 +68,10 @@ def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int
 
 def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
     """Greedy success on the first --eval-seeds eval seeds of every task (the same episodes every
-    time; WebArena-Lite: its test tasks once each), each rank a share of them, and the share of
+    time; WebArena-Lite: its test tasks once each), each rank a share of them, the share of
     greedy turns repeating the previous action (a loop: sampling breaks them, greedy decoding does
-    not); trajectories to out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
+    not) and of thoughts naming an element the page does not have at their bid (ungrounded_thought);
+    trajectories to out/evals/iter-XXXXXX.jsonl (rank 0's share)."""
     import stats
 
     seeds = benchmarks.eval_seeds(args.benchmark, args.eval_seeds if args.benchmark == "miniwob" else 1)
@@ -79,8 +80,10 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
                                 prompt=args.prompt, progress=rank == 0, desc=f"eval {it}")
     s = stats.summarise(trajs, args.eval_tasks)["mean"]
     repeats = [x for t in trajs if not t["env_error"] for x in trajectory_metrics.repeated_actions(t)]
-    n, k, err, n_rep, k_rep = distributed.all_sums([s["n"], s["successes"], s["env_error"], len(repeats),
-                                                    sum(repeats)], world)
+    ungrounded = [g for t in trajs if not t["env_error"] for u in t["turns"]
+                  if (g := trajectory_metrics.ungrounded_thought(u)) is not None]
+    n, k, err, n_rep, k_rep, n_th, k_th = distributed.all_sums(
+        [s["n"], s["successes"], s["env_error"], len(repeats), sum(repeats), len(ungrounded), sum(ungrounded)], world)
     if rank == 0:
         os.makedirs(os.path.join(args.out, "evals"), exist_ok=True)
         runlog.write_jsonl(os.path.join(args.out, "evals", f"iter-{it:06d}.jsonl"), [
@@ -89,7 +92,8 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
             for t in trajs])
     lo, hi = stats.wilson(int(k), int(n))
     return {"eval/success": k / n if n else 0.0, "eval/ci_low": lo, "eval/ci_high": hi, "eval/n": n, "eval/env_error": err,
-            "eval/repeated_action": k_rep / n_rep if n_rep else 0.0}
+            "eval/repeated_action": k_rep / n_rep if n_rep else 0.0,
+            "eval/ungrounded_thought": k_th / n_th if n_th else 0.0}
 
 
 def probe(args, gen, tok, pool, rank: int, world: int) -> dict[str, tuple[int, int]]:

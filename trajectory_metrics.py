@@ -4,12 +4,15 @@
     m = rollout_metrics(trajs, stats)   # trajs, stats = rollout.rollout(...); one rank's figures
     repeated_actions(traj)              # [bool] per turn after the first: a loop
     named_bid_missing(turn)             # the reply names a bid the page does not have
+    ungrounded_thought(turn)            # the reply's thought names an element the page does not have at that bid
 """
 from __future__ import annotations
 
 import numpy as np
 
 from actions import split_action
+from axtree import read_tree
+from experts import thought_element
 from records import Trajectory
 
 
@@ -20,6 +23,24 @@ def named_bid_missing(turn: dict) -> bool:
         return False
     name, args = split_action(turn["action"])
     return bool(args) and name not in ("scroll", "send_msg_to_user") and f"[{args[0]}]" not in turn["observation"]
+
+
+def ungrounded_thought(turn: dict) -> bool | None:
+    """Whether the reply's <think> block names an element that is not the page's element at that bid:
+    `<think>Click the link 'Turpis' [19].</think>click('19')` on a page where [19] is link 'Tab #1'
+    (a thought copied from the goal, not read off the page). The thought is the expert's template
+    (experts.thought: role, name, bid), read back by experts.thought_element; None when the reply has
+    no thought in that form (no <think> block, or other words): nothing to check."""
+    reply = turn.get("response") or ""
+    start, end = reply.find("<think>"), reply.find("</think>")
+    if start < 0 or end < start:
+        return None
+    named = thought_element(reply[start + len("<think>"):end])
+    if named is None:
+        return None
+    role, name, bid = named
+    node = next((n for n in read_tree(turn.get("observation") or "") if n.bid == bid), None)
+    return node is None or node.role != role or (repr(node.name) if node.name else None) != name
 
 
 def repeated_actions(traj: Trajectory) -> list[bool]:
@@ -33,17 +54,20 @@ def repeated_actions(traj: Trajectory) -> list[bool]:
 def rollout_metrics(trajs: list[Trajectory], stats: dict) -> dict:
     """One rank's rollout figures for the log, over the episodes that did not end in env_error:
     success, turns, parse errors, replies naming a bid not on the page, turns repeating the previous
-    turn's action (`repeated_actions`), the sampling entropy (nats per reply token); the env_error
-    share; the rollout's counts and timings (seconds)."""
+    turn's action (`repeated_actions`), thoughts naming an element the page does not have at their bid
+    (`ungrounded_thought`, over the turns with a thought in the expert's form), the sampling entropy
+    (nats per reply token); the env_error share; the rollout's counts and timings (seconds)."""
     valid = [t for t in trajs if not t["env_error"]]
     turns = [u for t in valid for u in t["turns"]]
     repeats = [r for t in valid for r in repeated_actions(t)]
     ent = [u["entropy"] for u in turns if "entropy" in u]
+    grounded = [g for g in map(ungrounded_thought, turns) if g is not None]
     return {"rollout/success": np.mean([t["success"] for t in valid]) if valid else 0.0,
             "rollout/turns": np.mean([t["steps"] for t in valid]) if valid else 0.0,
             "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for u in turns] or [0]),
             "rollout/missing_bid": np.mean([named_bid_missing(u) for u in turns] or [0]),
             "rollout/repeated_action": np.mean(repeats or [0]),
+            "rollout/ungrounded_thought": np.mean(grounded or [0]),
             "rollout/entropy": np.mean(ent) if ent else 0.0,
             "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
             "env/timeouts": stats.get("env_timeouts", 0.0),

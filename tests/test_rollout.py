@@ -471,3 +471,28 @@ def test_rollout_metrics_count_parse_errors_missing_bids_and_repeats():
     assert m["rollout/repeated_action"] == 2 / 5  # 4 + 1 turns after a first; the env_error episode left out
     assert m["rollout/parse_error"] == 1 / 7 and m["rollout/missing_bid"] == 1 / 7
     assert m["rollout/success"] == 0.5 and m["env/env_error"] == 1 / 3
+
+
+def test_an_ungrounded_thought_names_an_element_the_page_does_not_have_at_its_bid():
+    import experts
+    from trajectory_metrics import rollout_metrics, ungrounded_thought
+
+    page = "Goal: click \"Turpis\"\n[18] tab 'Tab #1', selected\n [19] link 'Tab #1'\n[26] generic 'Turpis'\n[30] textbox\n[31] button \"it's\""
+
+    def turn(reply, action="click('19')"):
+        return {"action": action, "observation": page, "error": "", "response": reply}
+    # the expert's own thought for every element of the page is grounded (thought_element reads thought back)
+    for bid in ("18", "19", "26", "30", "31"):
+        t = experts.thought(page, f"click('{bid}')")
+        assert experts.thought_element(t)[2] == bid and ungrounded_thought(turn(f"<think>{t}</think>click('{bid}')")) is False
+    assert ungrounded_thought(turn("<think>Click the link 'Turpis' [19].</think>click('19')")) is True  # the goal's name, a tab's bid
+    assert ungrounded_thought(turn("<think>Click the generic 'Turpis' [19].</think>click('19')")) is True
+    assert ungrounded_thought(turn("<think>Click the link 'Tab #1' [77].</think>click('77')")) is True  # no such bid
+    assert ungrounded_thought(turn("<think>Click the link [19].</think>click('19')")) is True  # [19] has a name
+    assert ungrounded_thought(turn("<think>Type 'x' into the textbox [30].</think>fill('30', 'x')")) is False
+    for reply in ("click('19')", "<think>the first tab</think>click('19')", "<think>Click the link 'Tab #1' [19]."):
+        assert ungrounded_thought(turn(reply)) is None  # no thought in the expert's form: nothing to check
+    traj = {"env_error": False, "success": False, "steps": 3, "turns": [
+        turn("<think>Click the link 'Turpis' [19].</think>click('19')"), turn("<think>Click the link 'Tab #1' [19].</think>click('19')"),
+        turn("click('26')")]}
+    assert rollout_metrics([traj], {})["rollout/ungrounded_thought"] == 1 / 2  # of the two turns with a thought

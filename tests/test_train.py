@@ -356,6 +356,7 @@ def test_in_run_greedy_evaluations_run_on_the_same_eval_episodes_when_due(tmp_pa
     assert [(m["step"], m.get("eval/success")) for m in ms] == [(0, 1.0), (1, None), (2, 0.0)]
     assert [m["eval/n"] for m in ms if "eval/n" in m] == [1.0, 1.0]
     assert [m["eval/repeated_action"] for m in ms if "eval/n" in m] == [0.0, 0.0]  # one turn each: no repeat
+    assert [m["eval/ungrounded_thought"] for m in ms if "eval/n" in m] == [0.0, 0.0]  # logged (no thought to check)
     assert sorted(os.listdir(os.path.join(out, "evals"))) == ["iter-000000.jsonl", "iter-000002.jsonl"]
     seed = benchmarks.eval_seeds("miniwob", 1)[0]
     for name, success in (("iter-000000.jsonl", True), ("iter-000002.jsonl", False)):
