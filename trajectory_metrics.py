@@ -28,9 +28,11 @@ def named_bid_missing(turn: dict) -> bool:
 def ungrounded_thought(turn: dict) -> bool | None:
     """Whether the reply's <think> block names an element that is not the page's element at that bid:
     `<think>Click the link 'Turpis' [19].</think>click('19')` on a page where [19] is link 'Tab #1'
-    (a thought copied from the goal, not read off the page). The thought is the expert's template
-    (experts.thought: role, name, bid), read back by experts.thought_element; None when the reply has
-    no thought in that form (no <think> block, or other words): nothing to check."""
+    (a name copied from the goal, not read off the page), or a bid the page does not have. The thought
+    is the expert's template (experts.thought: role, name, bid), read back by experts.thought_element;
+    only the name and the bid count: a role taken from the goal's words ("the link 'ornare'" for a
+    generic 'ornare', which MiniWoB's goals call a link) still points at the right element. None when
+    the reply has no thought in that form (no <think> block, or other words): nothing to check."""
     reply = turn.get("response") or ""
     start, end = reply.find("<think>"), reply.find("</think>")
     if start < 0 or end < start:
@@ -38,9 +40,9 @@ def ungrounded_thought(turn: dict) -> bool | None:
     named = thought_element(reply[start + len("<think>"):end])
     if named is None:
         return None
-    role, name, bid = named
+    _, name, bid = named
     node = next((n for n in read_tree(turn.get("observation") or "") if n.bid == bid), None)
-    return node is None or node.role != role or (repr(node.name) if node.name else None) != name
+    return node is None or (repr(node.name) if node.name else None) != name  # the role is not checked (below)
 
 
 def repeated_actions(traj: Trajectory) -> list[bool]:

@@ -490,6 +490,7 @@ def test_an_ungrounded_thought_names_an_element_the_page_does_not_have_at_its_bi
     assert ungrounded_thought(turn("<think>Click the link 'Tab #1' [77].</think>click('77')")) is True  # no such bid
     assert ungrounded_thought(turn("<think>Click the link [19].</think>click('19')")) is True  # [19] has a name
     assert ungrounded_thought(turn("<think>Type 'x' into the textbox [30].</think>fill('30', 'x')")) is False
+    assert ungrounded_thought(turn("<think>Click the link 'Turpis' [26].</think>click('26')")) is False  # the goal's role word
     for reply in ("click('19')", "<think>the first tab</think>click('19')", "<think>Click the link 'Tab #1' [19]."):
         assert ungrounded_thought(turn(reply)) is None  # no thought in the expert's form: nothing to check
     traj = {"env_error": False, "success": False, "steps": 3, "turns": [
