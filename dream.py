@@ -176,6 +176,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         missing = sorted(set(args.tasks) - {s["task"] for s in states})
         if missing:
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
+        world_model.check_delta_format(args.world_model)
         wm, wm_tok = policy.load_model(args.world_model, device=device)
         wm.eval().requires_grad_(False)
         # one Δ server: the steps of every waiting dream are generated in one batched call

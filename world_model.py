@@ -44,6 +44,28 @@ WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with "
                     "subtree, then `done: yes|no|fail`.")
 
 
+def delta_format() -> dict:
+    """The Δ format this code writes and reads (delta.FOCUS_HEADER, a module switch): what train.py
+    --mode wm records in a world model's webdream.json, beside the prompt settings."""
+    return {"delta_focus_header": bool(delta.FOCUS_HEADER)}
+
+
+def check_delta_format(path: str) -> None:
+    """Refuse a world-model checkpoint trained on another Δ format than this code's: its prompt and
+    its labels would disagree with what apply() reads. Errors: ValueError naming the setting, for a
+    checkpoint whose webdream.json records a different one; a checkpoint without the record (written
+    before it existed, or the base model) passes unchecked."""
+    f = os.path.join(path, "webdream.json")
+    if not os.path.exists(f):
+        return
+    with open(f) as fh:
+        saved = json.load(fh)
+    for k, v in delta_format().items():
+        if k in saved and bool(saved[k]) != v:
+            raise ValueError(f"{path} was trained with {k} = {saved[k]}, this code writes and reads Δs with {k} = {v} "
+                             f"(delta.FOCUS_HEADER): set it to match, or train a world model on this format")
+
+
 def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = None) -> list[dict]:
     """Chat messages asking for Δ: system prompt, then goal, URL, tree, the page's hidden content (when
     observed: env.Obs.hidden, under a `Hidden:` line) and the action.
@@ -458,6 +480,7 @@ if __name__ == "__main__":
         print(collect_transitions(tasks, seeds, a.collect, policy_fn=policy_fn, random_frac=a.random_frac,
                                   max_steps=a.max_steps, progress=True))
     if a.eval:
+        check_delta_format(a.eval)
         m, tok = policy.load_model(a.eval)
         data = [t for t in load_transitions(a.data) if t["task"] in tasks]
         t0 = time.time()

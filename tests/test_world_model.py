@@ -645,3 +645,22 @@ def test_compare_predictions_pairs_by_transition(tmp_path):
     assert set(r) == {"all", "x", "y"} and r["y"]["diff"] == 1.0
     with pytest.raises(ValueError):
         wm.compare_predictions(a, write("c.jsonl", [("q", 1, True)]))
+
+
+def test_a_world_model_checkpoint_records_its_delta_format_and_a_mismatch_is_refused(tmp_path, monkeypatch):
+    import json
+
+    import train
+
+    assert train.parse_args(["--mode", "wm"]).prompt_settings["delta_focus_header"] is dfmt.FOCUS_HEADER
+    assert "delta_focus_header" not in train.parse_args(["--mode", "bc"]).prompt_settings
+    ckpt = tmp_path / "wm"
+    ckpt.mkdir()
+    wm.check_delta_format(str(ckpt))  # no webdream.json (the base model): nothing to check
+    (ckpt / "webdream.json").write_text(json.dumps({"step": 3, "think": True}))
+    wm.check_delta_format(str(ckpt))  # written before the record existed
+    (ckpt / "webdream.json").write_text(json.dumps({"step": 3, **wm.delta_format()}))
+    wm.check_delta_format(str(ckpt))
+    monkeypatch.setattr(dfmt, "FOCUS_HEADER", not dfmt.FOCUS_HEADER)
+    with pytest.raises(ValueError, match="delta_focus_header"):
+        wm.check_delta_format(str(ckpt))
