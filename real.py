@@ -55,6 +55,8 @@ def collect(args, cur: curriculum.Curriculum, gen, tok, pool, it: int, rank: int
                                      desc=f"rollout {it}")
         for k, v in st.items():
             rstats[k] = rstats.get(k, 0.0) + v
+        rstats["ungrounded_successes"] = rstats.get("ungrounded_successes", 0.0) + \
+            trajectory_metrics.shape_rewards(trajs, args.reward)  # before anything reads the rewards
         cur.update(trajs)
         rolled += trajs
         keep, _ = curriculum.split_by_signal(trajs, args.group_size)

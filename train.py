@@ -201,6 +201,10 @@ def parse_args(argv=None):
                    help="real and dream modes: the learning rate rises linearly to --lr over the run's first N optimizer "
                         "steps (AdamW's first step moves every weight by the full lr; update.warmup_lr, docs/rl.md); "
                         "0: none")
+    g.add_argument("--reward", choices=["success", "grounded"], default="success",
+                   help="real mode: a trajectory's reward is task success (WebAgent-R1), or success only when every "
+                        "thought names the element the page has at its bid (trajectory_metrics.grounded; needs --think; "
+                        "docs/rl.md)")
     g.add_argument("--ppo-epochs", type=int, default=1, help="passes over each iteration's batch")
     g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
     g.add_argument("--aggregation", choices=["trajectory", "turn", "token"], default="trajectory",
@@ -304,6 +308,9 @@ def parse_args(argv=None):
     if args.warmup_steps < 0 or (args.warmup_steps and not rl):
         p.error(f"--warmup-steps N (>= 0) applies to --mode real and dream (bc, wm and judge warm up over 10 steps), "
                 f"got {args.warmup_steps} with --mode {args.mode}")
+    if args.reward != "success" and (args.mode != "real" or not args.think):
+        p.error(f"--reward {args.reward} applies to --mode real with --think (it reads each reply's thought), "
+                f"got --mode {args.mode}{'' if args.think else ' without --think'}")
     if args.init and not os.path.isdir(args.init):
         p.error(f"--init {args.init}: no such checkpoint folder")
     if args.lr is None:

@@ -5,6 +5,7 @@
     repeated_actions(traj)              # [bool] per turn after the first: a loop
     named_bid_missing(turn)             # the reply names a bid the page does not have
     ungrounded_thought(turn)            # the reply's thought names an element the page does not have at that bid
+    shape_rewards(trajs, "grounded")    # train.py --reward grounded: a success counts only with grounded thoughts
 """
 from __future__ import annotations
 
@@ -45,6 +46,28 @@ def ungrounded_thought(turn: dict) -> bool | None:
     return node is None or (repr(node.name) if node.name else None) != name  # the role is not checked (below)
 
 
+def grounded(traj: Trajectory) -> bool:
+    """Whether every turn's thought names the element the page has at its bid (ungrounded_thought is
+    False on every turn): the condition of `--reward grounded`. A turn without a thought in the
+    expert's form counts against it, so that dropping the thought is no way around the check."""
+    return all(ungrounded_thought(u) is False for u in traj["turns"])
+
+
+def shape_rewards(trajs: list[Trajectory], mode: str) -> int:
+    """Set each trajectory's reward by `mode` (train.py --reward), in place: "success" leaves the
+    environment's binary task reward (WebAgent-R1); "grounded" keeps a success's 1 only when the
+    trajectory is `grounded`, else 0 (a format reward, as R1-style training adds one; ours checks the
+    thought against the page, not only its form). `success` is never changed. Returns how many
+    successes lost their reward. Errors: ValueError for another mode."""
+    if mode not in ("success", "grounded"):
+        raise ValueError(f"unknown reward {mode!r}: success or grounded")
+    zeroed = 0
+    for t in trajs:
+        if mode == "grounded" and t["reward"] > 0 and not t["env_error"] and not grounded(t):
+            t["reward"], zeroed = 0.0, zeroed + 1
+    return zeroed
+
+
 def repeated_actions(traj: Trajectory) -> list[bool]:
     """For each turn after the first: whether its action is exactly the previous turn's (a greedy
     policy stuck in a loop, e.g. clicking one checkbox on and off until the step limit). Turns
@@ -57,7 +80,8 @@ def rollout_metrics(trajs: list[Trajectory], stats: dict) -> dict:
     """One rank's rollout figures for the log, over the episodes that did not end in env_error:
     success, turns, parse errors, replies naming a bid not on the page, turns repeating the previous
     turn's action (`repeated_actions`), thoughts naming an element the page does not have at their bid
-    (`ungrounded_thought`, over the turns with a thought in the expert's form), the sampling entropy
+    (`ungrounded_thought`, over the turns with a thought in the expert's form), the episodes whose
+    success `--reward grounded` did not reward (stats["ungrounded_successes"]), the sampling entropy
     (nats per reply token); the env_error share; the rollout's counts and timings (seconds)."""
     valid = [t for t in trajs if not t["env_error"]]
     turns = [u for t in valid for u in t["turns"]]
@@ -71,6 +95,7 @@ def rollout_metrics(trajs: list[Trajectory], stats: dict) -> dict:
             "rollout/repeated_action": np.mean(repeats or [0]),
             "rollout/ungrounded_thought": np.mean(grounded or [0]),
             "rollout/entropy": np.mean(ent) if ent else 0.0,
+            "rollout/ungrounded_success": stats.get("ungrounded_successes", 0.0) / len(valid) if valid else 0.0,
             "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
             "env/timeouts": stats.get("env_timeouts", 0.0),
             "perf/rollout_s": stats.get("wall_s", 0.0), "perf/generate_s": stats.get("generate_s", 0.0),

@@ -497,3 +497,33 @@ def test_an_ungrounded_thought_names_an_element_the_page_does_not_have_at_its_bi
         turn("<think>Click the link 'Turpis' [19].</think>click('19')"), turn("<think>Click the link 'Tab #1' [19].</think>click('19')"),
         turn("click('26')")]}
     assert rollout_metrics([traj], {})["rollout/ungrounded_thought"] == 1 / 2  # of the two turns with a thought
+
+
+def test_the_grounded_reward_pays_a_success_only_when_every_thought_is_grounded(capsys):
+    import train
+    from trajectory_metrics import grounded, rollout_metrics, shape_rewards
+
+    page = "[19] link 'Tab #1'\n[23] link 'Tab #3'\n[26] generic 'Turpis'"
+
+    def episode(success, *replies, env_error=False):
+        turns = [{"action": r.split("</think>")[-1], "observation": page, "error": "", "response": r} for r in replies]
+        return {"task": "t", "seed": 0, "success": success, "reward": float(success), "env_error": env_error,
+                "steps": len(turns), "turns": turns}
+    good = episode(True, "<think>Click the link 'Tab #3' [23].</think>click('23')", "<think>Click the generic 'Turpis' [26].</think>click('26')")
+    copied = episode(True, "<think>Click the link 'Turpis' [23].</think>click('23')", "<think>Click the generic 'Turpis' [26].</think>click('26')")
+    bare = episode(True, "click('26')")  # no thought: no way around the check
+    failed = episode(False, "<think>Click the link 'Turpis' [19].</think>click('19')")
+    broken = episode(True, "<think>Click the link 'Turpis' [19].</think>click('19')", env_error=True)
+    assert [grounded(t) for t in (good, copied, bare)] == [True, False, False]
+    trajs = [good, copied, bare, failed, broken]
+    assert shape_rewards(trajs, "success") == 0 and [t["reward"] for t in trajs] == [1, 1, 1, 0, 1]
+    assert shape_rewards(trajs, "grounded") == 2 and [t["reward"] for t in trajs] == [1, 0, 0, 0, 1]
+    assert [t["success"] for t in trajs] == [True, True, True, False, True]  # success itself is never changed
+    assert rollout_metrics(trajs, {"ungrounded_successes": 2})["rollout/ungrounded_success"] == 2 / 4
+    with pytest.raises(ValueError, match="unknown reward"):
+        shape_rewards(trajs, "shaped")
+    assert train.parse_args(["--mode", "real", "--reward", "grounded"]).reward == "grounded"
+    for argv in (["--mode", "real", "--reward", "grounded", "--no-think"], ["--mode", "bc", "--reward", "grounded"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(argv)
+        assert "--reward grounded applies to --mode real with --think" in capsys.readouterr().err

@@ -351,9 +351,13 @@ def test_in_run_greedy_evaluations_run_on_the_same_eval_episodes_when_due(tmp_pa
     out = str(tmp_path / "real")
     train.main(["--mode", "real", "--tiny", "--out", out, "--tasks", "click-button", "--iterations", "2",
                 "--groups-per-iter", "1", "--group-size", "2", "--max-steps", "1", "--num-envs", "1",
-                "--report-every", "0", "--eval-every", "2", "--eval-seeds", "1", "--dynamic-sampling", "0"])
+                "--report-every", "0", "--eval-every", "2", "--eval-seeds", "1", "--dynamic-sampling", "0",
+                "--reward", "grounded"])
     ms = metrics(out)
     assert [(m["step"], m.get("eval/success")) for m in ms] == [(0, 1.0), (1, None), (2, 0.0)]
+    # --reward grounded: the scripted replies carry no thought, so each group's one success earns nothing
+    assert [(m["rollout/success"], m["rollout/ungrounded_success"], m["rollout/reward"]) for m in ms
+            if "rollout/success" in m] == [(0.5, 0.5, 0.0)] * 2
     assert [m["eval/n"] for m in ms if "eval/n" in m] == [1.0, 1.0]
     assert [m["eval/repeated_action"] for m in ms if "eval/n" in m] == [0.0, 0.0]  # one turn each: no repeat
     assert [m["eval/ungrounded_thought"] for m in ms if "eval/n" in m] == [0.0, 0.0]  # logged (no thought to check)
