@@ -81,14 +81,19 @@ def compare(runs: list[tuple[str, str]]) -> str:
     Replicates: a comma-separated list of folders, the same number k for every label
     (`BC=a/bc,b/bc RL=a/rl,b/rl`), pools k repeats of the comparison: the i-th folders of all labels
     form replicate i, an episode is (i, task, seed), and the tables count every replicate's episodes
-    (two RL runs from one BC checkpoint count that BC's episodes twice, each paired with its own run).
+    (two RL runs from one BC checkpoint count that BC's episodes twice, each paired with its own run;
+    the interval and McNemar's p then treat the repeats as independent, which holds for the RL runs'
+    randomness given that BC, not for BC's own: a fresh BC per repeat is the stronger test).
     Errors: FileNotFoundError for a folder without trajectories.jsonl; ValueError when the runs share
     no episode or list different numbers of replicates.
     """
     trajs = {}
     for label, paths in runs:
         reps = []
-        for i, path in enumerate(paths.split(",")):
+        folders = [f.strip() for f in paths.split(",")]
+        if not all(folders):
+            raise ValueError(f"{label}={paths!r}: an empty folder name in the list")
+        for i, path in enumerate(folders):
             f = path if path.endswith(".jsonl") else os.path.join(path, "trajectories.jsonl")
             if not os.path.exists(f):
                 raise FileNotFoundError(f"{f} not found: python eval.py --ckpt CKPT --out {path} writes it")

@@ -83,8 +83,9 @@ def _given(p: argparse.ArgumentParser, argv) -> set[str]:
 
 def _resume_flags(p: argparse.ArgumentParser, args, argv) -> dict:
     """--resume: args takes the flags of out/args.json (the run's first start) except those given on this
-    command line. A given flag that differs from the run's is an error unless it is in RESUMABLE; returns
-    those changes, {flag: [run's value, new value]}."""
+    command line. A given flag that differs from the run's is an error unless it is in RESUMABLE (so is
+    one the run's args.json lacks, given at a value other than its default); returns those changes,
+    {flag: [run's value, new value]}."""
     path = os.path.join(args.out, "args.json")
     if not os.path.exists(path):
         return {}
@@ -103,6 +104,11 @@ def _resume_flags(p: argparse.ArgumentParser, args, argv) -> dict:
                 p.error(f"--resume: --{k.replace('_', '-')} is {v!r} in this run ({path}); a resumed run keeps it "
                         f"(may change: {', '.join('--' + r.replace('_', '-') for r in RESUMABLE)})")
             changed[k] = [v, getattr(args, k)]
+    # a flag newer than the run (absent from its args.json) ran at its default: giving another value changes the run
+    for k in sorted(given - set(stored) - {"resume", "out"} - set(RESUMABLE)):
+        if k in vars(args) and getattr(args, k) != p.get_default(k):
+            p.error(f"--resume: --{k.replace('_', '-')} did not exist when this run started ({path}), so it ran at "
+                    f"its default {p.get_default(k)!r}; a resumed run keeps it")
     for k, (old, new) in changed.items():
         print(f"resume: --{k.replace('_', '-')} {old!r} -> {new!r}", file=sys.stderr)
     return changed
@@ -334,6 +340,12 @@ def parse_args(argv=None):
         import world_model
 
         args.prompt_settings |= world_model.delta_format()
+        for ckpt in (args.init, checkpoint.latest_checkpoint(args.out) if args.resume else None):
+            try:  # continuing a world model trained on the other Δ format would mix the two
+                if ckpt:
+                    world_model.check_delta_format(ckpt)
+            except ValueError as e:
+                p.error(str(e))
     return args
 
 

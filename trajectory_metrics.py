@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from actions import split_action
-from axtree import read_tree
+from actions import WEB_ACTIONS, ActionParseError, split_action
+from axtree import parse_line, read_tree
 from experts import thought_element
 from records import Trajectory
 
@@ -26,12 +26,26 @@ def named_bid_missing(turn: dict) -> bool:
     return bool(args) and name not in ("scroll", "send_msg_to_user") and f"[{args[0]}]" not in turn["observation"]
 
 
+def action_bid(turn: dict) -> str | None:
+    """The bid the turn's action acts on (its first parameter is a bid: click, fill, press, ...), or None
+    for an action without one (scroll, send_msg_to_user, noop, goto, ...) or no parsed action."""
+    if not turn.get("action"):
+        return None
+    try:
+        name, args = split_action(turn["action"])
+    except (SyntaxError, ValueError, AttributeError, ActionParseError):
+        return None
+    params = WEB_ACTIONS.get(name, ())
+    return str(args[0]) if params and params[0] == "bid" and args else None
+
+
 def ungrounded_thought(turn: dict) -> bool | None:
     """Whether the reply's <think> block names an element that is not the page's element at that bid:
     `<think>Click the link 'Turpis' [19].</think>click('19')` on a page where [19] is link 'Tab #1'
-    (a name copied from the goal, not read off the page), or a bid the page does not have. The thought
-    is the expert's template (experts.thought: role, name, bid), read back by experts.thought_element;
-    only the name and the bid count: a role taken from the goal's words ("the link 'ornare'" for a
+    (a name copied from the goal, not read off the page), a bid the page does not have, or a bid other
+    than the one the action acts on. The thought is the expert's template (experts.thought: role,
+    name, bid), read back by experts.thought_element; the name is compared as text (either quoting);
+    only the name and the bids count: a role taken from the goal's words ("the link 'ornare'" for a
     generic 'ornare', which MiniWoB's goals call a link) still points at the right element. None when
     the reply has no thought in that form (no <think> block, or other words): nothing to check."""
     reply = turn.get("response") or ""
@@ -41,16 +55,20 @@ def ungrounded_thought(turn: dict) -> bool | None:
     named = thought_element(reply[start + len("<think>"):end])
     if named is None:
         return None
-    _, name, bid = named
+    _, quoted, bid = named
+    said = parse_line(f"[0] x {quoted}").name if quoted else ""  # the quoted name as text (a literal, never run)
     node = next((n for n in read_tree(turn.get("observation") or "") if n.bid == bid), None)
-    return node is None or (repr(node.name) if node.name else None) != name  # the role is not checked (below)
+    acted = action_bid(turn)
+    return node is None or node.name != said or (acted is not None and acted != bid)
 
 
 def grounded(traj: Trajectory) -> bool:
-    """Whether every turn's thought names the element the page has at its bid (ungrounded_thought is
-    False on every turn): the condition of `--reward grounded`. A turn without a thought in the
-    expert's form counts against it, so that dropping the thought is no way around the check."""
-    return all(ungrounded_thought(u) is False for u in traj["turns"])
+    """Whether every turn that acts on an element has a thought naming the element the page has at
+    the bid it acts on (ungrounded_thought is False): the condition of `--reward grounded`. A turn
+    acting on a bid without a thought in the expert's form counts against it, so that dropping the
+    thought is no way around the check; a turn whose action takes no bid (scroll, send_msg_to_user,
+    noop, goto: the expert's thought for them names no element) passes."""
+    return all(ungrounded_thought(u) is False for u in traj["turns"] if action_bid(u) is not None)
 
 
 def shape_rewards(trajs: list[Trajectory], mode: str) -> int:

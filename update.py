@@ -265,7 +265,8 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 agg["loss/nll"] += loss.item() / n_updates
             distributed.sync_gradients(model, world)
             agg["loss/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-            agg["loss/grad_norm_max"] = max(agg["loss/grad_norm_max"], agg["loss/grad_norm"])
+            if not agg["loss/grad_norm"] <= agg["loss/grad_norm_max"]:  # (a NaN norm is kept, not hidden by max)
+                agg["loss/grad_norm_max"] = agg["loss/grad_norm"]
             if cfg.warmup_steps > 0:
                 agg["loss/lr"] = warmup_lr(cfg.lr, cfg.warmup_steps, optimizer_steps(opt))
                 for group in opt.param_groups:

@@ -151,3 +151,6 @@ def test_compare_pools_replicates_pairing_each_with_its_own(tmp_path, capsys):
     with pytest.raises(SystemExit):  # a replicate without its partner
         webeval.main(["--compare", f"BC={bc0},{bc1}", f"RL={rl0}"])
     assert "same number of replicate folders" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a trailing comma is no folder
+        webeval.main(["--compare", f"BC={bc0},", f"RL={rl0},"])
+    assert "an empty folder name" in capsys.readouterr().err

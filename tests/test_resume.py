@@ -144,3 +144,11 @@ def test_a_resumed_run_refuses_a_flag_that_would_change_the_run(tmp_path, init_c
             train.parse_args(["--mode", "real", "--out", out, "--resume"] + argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and "--resume: --" in err and "may change: --iterations" in err, err
+    # a flag the run's args.json does not have (newer than the run) ran at its default
+    del flags["reward"]
+    with open(os.path.join(out, "args.json"), "w") as f:
+        json.dump(flags, f)
+    assert train.parse_args(["--mode", "real", "--out", out, "--resume", "--reward", "success"]).reward == "success"
+    with pytest.raises(SystemExit):
+        train.parse_args(["--mode", "real", "--out", out, "--resume", "--reward", "grounded"])
+    assert "--reward did not exist when this run started" in capsys.readouterr().err

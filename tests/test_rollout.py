@@ -484,13 +484,16 @@ def test_an_ungrounded_thought_names_an_element_the_page_does_not_have_at_its_bi
     # the expert's own thought for every element of the page is grounded (thought_element reads thought back)
     for bid in ("18", "19", "26", "30", "31"):
         t = experts.thought(page, f"click('{bid}')")
-        assert experts.thought_element(t)[2] == bid and ungrounded_thought(turn(f"<think>{t}</think>click('{bid}')")) is False
+        assert experts.thought_element(t)[2] == bid and ungrounded_thought(turn(f"<think>{t}</think>click('{bid}')", f"click('{bid}')")) is False
     assert ungrounded_thought(turn("<think>Click the link 'Turpis' [19].</think>click('19')")) is True  # the goal's name, a tab's bid
     assert ungrounded_thought(turn("<think>Click the generic 'Turpis' [19].</think>click('19')")) is True
     assert ungrounded_thought(turn("<think>Click the link 'Tab #1' [77].</think>click('77')")) is True  # no such bid
     assert ungrounded_thought(turn("<think>Click the link [19].</think>click('19')")) is True  # [19] has a name
-    assert ungrounded_thought(turn("<think>Type 'x' into the textbox [30].</think>fill('30', 'x')")) is False
-    assert ungrounded_thought(turn("<think>Click the link 'Turpis' [26].</think>click('26')")) is False  # the goal's role word
+    assert ungrounded_thought(turn("<think>Type 'x' into the textbox [30].</think>fill('30', 'x')", "fill('30', 'x')")) is False
+    assert ungrounded_thought(turn("<think>Click the link 'Turpis' [26].</think>click('26')", "click('26')")) is False  # the goal's role word
+    assert ungrounded_thought(turn("<think>Click the link \"Tab #1\" [19].</think>click('19')")) is False  # either quoting
+    assert ungrounded_thought(turn("<think>Click the button 'it\\'s' [31].</think>click('31')", "click('31')")) is False
+    assert ungrounded_thought(turn("<think>Click the link 'Tab #1' [19].</think>click('26')", action="click('26')")) is True  # acts elsewhere
     for reply in ("click('19')", "<think>the first tab</think>click('19')", "<think>Click the link 'Tab #1' [19]."):
         assert ungrounded_thought(turn(reply)) is None  # no thought in the expert's form: nothing to check
     traj = {"env_error": False, "success": False, "steps": 3, "turns": [
@@ -515,6 +518,8 @@ def test_the_grounded_reward_pays_a_success_only_when_every_thought_is_grounded(
     failed = episode(False, "<think>Click the link 'Turpis' [19].</think>click('19')")
     broken = episode(True, "<think>Click the link 'Turpis' [19].</think>click('19')", env_error=True)
     assert [grounded(t) for t in (good, copied, bare)] == [True, False, False]
+    answer = episode(True, "<think>Click the generic 'Turpis' [26].</think>click('26')", "<think>Next: send msg to user.</think>send_msg_to_user('done')")
+    assert grounded(answer)  # an action without a bid has no element to name: it passes
     trajs = [good, copied, bare, failed, broken]
     assert shape_rewards(trajs, "success") == 0 and [t["reward"] for t in trajs] == [1, 1, 1, 0, 1]
     assert shape_rewards(trajs, "grounded") == 2 and [t["reward"] for t in trajs] == [1, 0, 0, 0, 1]

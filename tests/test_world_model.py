@@ -647,7 +647,7 @@ def test_compare_predictions_pairs_by_transition(tmp_path):
         wm.compare_predictions(a, write("c.jsonl", [("q", 1, True)]))
 
 
-def test_a_world_model_checkpoint_records_its_delta_format_and_a_mismatch_is_refused(tmp_path, monkeypatch):
+def test_a_world_model_checkpoint_records_its_delta_format_and_a_mismatch_is_refused(tmp_path, monkeypatch, capsys):
     import json
 
     import train
@@ -664,3 +664,6 @@ def test_a_world_model_checkpoint_records_its_delta_format_and_a_mismatch_is_ref
     monkeypatch.setattr(dfmt, "FOCUS_HEADER", not dfmt.FOCUS_HEADER)
     with pytest.raises(ValueError, match="delta_focus_header"):
         wm.check_delta_format(str(ckpt))
+    with pytest.raises(SystemExit):  # nor does train.py --mode wm continue from it
+        train.parse_args(["--mode", "wm", "--init", str(ckpt)])
+    assert "was trained with delta_focus_header" in capsys.readouterr().err
