@@ -93,13 +93,21 @@ PROMPT_DEFAULTS = {"think": True, "bid_last": True, "keep_last": 1, "no_compress
                    "max_steps": 6, "max_new_tokens": None}
 
 
-def trained_settings(path: str | None) -> dict:
-    """The prompt settings a checkpoint folder was trained with (its webdream.json), {} when it has none."""
+def saved_settings(path: str | None) -> dict | None:
+    """Everything a checkpoint folder's webdream.json holds (its step and the settings train.py saved with
+    it), or None when it has none (the base model, a hub id, a folder written elsewhere)."""
     f = os.path.join(path, "webdream.json") if path else ""
     if not f or not os.path.exists(f):
-        return {}
+        return None
     with open(f) as fh:
-        saved = json.load(fh)
+        return json.load(fh)
+
+
+def trained_settings(path: str | None) -> dict:
+    """The prompt settings a checkpoint folder was trained with (its webdream.json), {} when it has none."""
+    saved = saved_settings(path)
+    if saved is None:
+        return {}
     # checkpoints written before the bid_last setting existed were trained with the bid first
     return {"bid_last": False} | {k: v for k, v in saved.items() if k in PROMPT_DEFAULTS}
 

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import checkpoint
 import compress
 import delta
 import policy
@@ -55,11 +56,7 @@ def check_delta_format(path: str) -> None:
     its labels would disagree with what apply() reads. Errors: ValueError naming the setting, for a
     checkpoint whose webdream.json records a different one; a checkpoint without the record (written
     before it existed, or the base model) passes unchecked."""
-    f = os.path.join(path, "webdream.json")
-    if not os.path.exists(f):
-        return
-    with open(f) as fh:
-        saved = json.load(fh)
+    saved = checkpoint.saved_settings(path) or {}
     for k, v in delta_format().items():
         if k in saved and bool(saved[k]) != v:
             raise ValueError(f"{path} was trained with {k} = {saved[k]}, this code writes and reads Δs with {k} = {v} "
