@@ -87,10 +87,11 @@ def compare(runs: list[tuple[str, str]]) -> str:
     Errors: FileNotFoundError for a folder without trajectories.jsonl; ValueError when the runs share
     no episode or list different numbers of replicates.
     """
-    trajs = {}
+    trajs, counts = {}, {}
     for label, paths in runs:
         reps = []
         folders = [f.strip() for f in paths.split(",")]
+        counts[label] = len(folders)
         if not all(folders):
             raise ValueError(f"{label}={paths!r}: an empty folder name in the list")
         for i, path in enumerate(folders):
@@ -99,7 +100,6 @@ def compare(runs: list[tuple[str, str]]) -> str:
                 raise FileNotFoundError(f"{f} not found: python eval.py --ckpt CKPT --out {path} writes it")
             reps += [(i, t) for t in read_jsonl(f)]
         trajs[label] = reps
-    counts = {label: len(paths.split(",")) for label, paths in runs}
     if len(set(counts.values())) > 1:
         raise ValueError(f"every run needs the same number of replicate folders, got {counts}")
     episode = lambda i, t: (i, t["task"], t["seed"])  # noqa: E731

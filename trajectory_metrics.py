@@ -17,15 +17,6 @@ from experts import thought_element
 from records import Trajectory
 
 
-def named_bid_missing(turn: dict) -> bool:
-    """Whether the turn's action names a bid that is not on the page it acted on (a reply such as
-    click('7777') on a page without [7777]): a sign of a policy that has stopped reading the page."""
-    if not turn.get("action"):
-        return False
-    name, args = split_action(turn["action"])
-    return bool(args) and name not in ("scroll", "send_msg_to_user") and f"[{args[0]}]" not in turn["observation"]
-
-
 def action_bid(turn: dict) -> str | None:
     """The bid the turn's action acts on (its first parameter is a bid: click, fill, press, ...), or None
     for an action without one (scroll, send_msg_to_user, noop, goto, ...) or no parsed action."""
@@ -37,6 +28,13 @@ def action_bid(turn: dict) -> str | None:
         return None
     params = WEB_ACTIONS.get(name, ())
     return str(args[0]) if params and params[0] == "bid" and args else None
+
+
+def named_bid_missing(turn: dict) -> bool:
+    """Whether the turn's action names a bid that is not on the page it acted on (a reply such as
+    click('7777') on a page without [7777]): a sign of a policy that has stopped reading the page."""
+    bid = action_bid(turn)
+    return bid is not None and f"[{bid}]" not in turn["observation"]
 
 
 def ungrounded_thought(turn: dict) -> bool | None:
@@ -105,13 +103,13 @@ def rollout_metrics(trajs: list[Trajectory], stats: dict) -> dict:
     turns = [u for t in valid for u in t["turns"]]
     repeats = [r for t in valid for r in repeated_actions(t)]
     ent = [u["entropy"] for u in turns if "entropy" in u]
-    grounded = [g for g in map(ungrounded_thought, turns) if g is not None]
+    ungrounded = [g for g in map(ungrounded_thought, turns) if g is not None]
     return {"rollout/success": np.mean([t["success"] for t in valid]) if valid else 0.0,
             "rollout/turns": np.mean([t["steps"] for t in valid]) if valid else 0.0,
             "rollout/parse_error": np.mean([bool(u["error"]) and u["action"] is None for u in turns] or [0]),
             "rollout/missing_bid": np.mean([named_bid_missing(u) for u in turns] or [0]),
             "rollout/repeated_action": np.mean(repeats or [0]),
-            "rollout/ungrounded_thought": np.mean(grounded or [0]),
+            "rollout/ungrounded_thought": np.mean(ungrounded or [0]),
             "rollout/entropy": np.mean(ent) if ent else 0.0,
             "rollout/ungrounded_success": stats.get("ungrounded_successes", 0.0) / len(valid) if valid else 0.0,
             "env/env_error": np.mean([t["env_error"] for t in trajs]) if trajs else 0.0,
