@@ -32,6 +32,11 @@ def follow_new_tabs(bg, before: list, action: str | None) -> None:
     for p in new:
         try:
             p.wait_for_load_state("domcontentloaded", timeout=3000)
+            # the tab's URL can still read '' (its navigation not yet committed, seen once in a test run):
+            # wait at most 1 s more for it, pumping Playwright's events (a blank tab reads about:blank, not '')
+            deadline = time.monotonic() + 1.0
+            while not p.url and time.monotonic() < deadline:
+                p.wait_for_timeout(50)
         except playwright.sync_api.Error:
             pass
         bg._follow(p)
