@@ -205,6 +205,8 @@ def bench_dreams(model, tok, wm_path, data, n, episodes, dream_len, wm_max_new_t
     states = start_states(load_transitions(data))
     tasks = sorted({s["task"] for s in states})
     jobs = jobs_for(tasks, max(1, episodes // len(tasks)))
+    if wm_path:
+        world_model.check_delta_format(wm_path)  # a checkpoint of the other Δ format would dream garbage
     wm, wm_tok = policy.load_model(wm_path or policy.DEFAULT_MODEL)
     rows = []
 
