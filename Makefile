@@ -36,6 +36,9 @@ PROBE   ?= 5
 # each action token of a step weighs the same (DAPO; train.py's default is each trajectory's mean): rl-e15 against
 # rl-e13, the 7-task command at lr 2e-5 for 12 iterations, +6.4 points paired (p = 0.035), no loops (docs/rl.md)
 AGG     ?= token
+# the BC term (--bc-coef; real.bc_batch): BC_COEF times the NLL of 8 expert trajectories an iteration, drawn from the
+# tasks the probe left out, beside the M-GRPO loss; 0: off (docs/rl.md)
+BC_COEF ?= 0
 # BC under bf16 autocast where the CPU has AVX-512 BF16 (slower than fp32 on AVX2-only CPUs): 900 s instead of 1,778 s
 # on rl-e11's machine, 89.7% against 90.0% on the same 300 eval episodes (-0.3 points, -2.5 to +1.8; docs/speed.md)
 BC_BF16 ?= $(shell grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && echo 1 || echo 0)
@@ -71,7 +74,7 @@ bc: $(RUNS)/demos.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode bc --bf16 $(BC_BF16) --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
 real:  ## M-GRPO from the BC checkpoint on the tasks a greedy probe finds unsolved, a KL penalty holding the rest; greedy success on EVAL_SEEDS seeds per task every 3 iterations (collapse guard)
-	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --aggregation $(AGG) --probe-seeds $(PROBE) --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --aggregation $(AGG) --probe-seeds $(PROBE) --bc-coef $(BC_COEF) --demos $(RUNS)/demos.jsonl --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base

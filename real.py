@@ -27,6 +27,7 @@ import curriculum
 import distributed
 import env as webenv
 import report
+import supervised
 import rollout as rollouts
 import runlog
 import trajectory_metrics
@@ -125,6 +126,26 @@ def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, in
     return solved
 
 
+def bc_batch(args, demos: list[dict], cur: curriculum.Curriculum, tok, it: int, rank: int,
+             world: int) -> list[tuple[list[int], list[int]]]:
+    """This rank's behaviour-cloning samples for iteration `it` under --bc-coef: (prompt ids, reply ids)
+    of every turn of --bc-trajectories / world (at least 1) expert trajectories drawn at random from
+    `demos` (successful ones, supervised.expert_trajectories), only of the tasks the curriculum leaves
+    out (those the start policy already solves), or of every task when it leaves none out. Their
+    token-mean NLL enters each update with weight --bc-coef beside the M-GRPO loss (update.policy_update's
+    `nll`): InstructGPT's PPO-ptx term (Ouyang et al. 2022, eq. 2), here anchoring the tasks RL does not
+    sample, whose greedy actions otherwise drift through the shared weights (docs/rl.md, rl-e16).
+    Prompts are built as in BC (supervised.expert_turns), so the anchor is the BC loss itself.
+    Errors: ValueError when no demonstration of those tasks exists."""
+    tasks = set(cur.left_out or cur.tasks)
+    pool = [t for t in demos if t["task"] in tasks]
+    if not pool:
+        raise ValueError(f"--bc-coef: {args.demos} holds no successful expert trajectory for {sorted(tasks)}")
+    rng = random.Random((args.seed * 1_000_003 + it) * 7_907 + rank)
+    picked = rng.sample(pool, min(len(pool), max(1, args.bc_trajectories // world)))
+    return [s for t in picked for s in supervised.expert_turns(t, tok, args)]
+
+
 COLLAPSE_PARSE_ERROR = 0.2  # share of sampled replies that do not parse above which train_real warns (BC: 0.5-7%)
 
 
@@ -143,6 +164,9 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
                             step_timeout=args.step_timeout, processes=args.env_workers == "process")
     distributed.print0(rank, f"real: {args.iterations} iterations x {args.groups_per_iter} groups x G={args.group_size}, "
                              f"world {world}")
+    demos = supervised.expert_trajectories(args.demos, args.tasks) if args.bc_coef else []
+    if args.bc_coef and not demos:
+        raise ValueError(f"--bc-coef: {args.demos} holds no successful expert trajectory for tasks {args.tasks}")
     evaluating = lambda i: args.eval_every and (i % args.eval_every == 0 or i == args.iterations)
     try:
         if it == 0 and args.probe_seeds:
@@ -167,8 +191,9 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
             with distributed.full_params(model, opt):  # --fsdp: every rank holds the full weights through rollout and update
                 trajs, rolled, rstats = collect(args, cur, gen, tok, pool, it, rank, world)
                 t_update = time.time()
-                lstats = update.policy_update(model, opt, tok, trajs, cfg, device, world, ref=ref,
-                                              seed=args.seed * 1_000_003 + it)
+                nll = bc_batch(args, demos, cur, tok, it, rank, world) if demos else None
+                lstats = update.policy_update(model, opt, tok, trajs, cfg, device, world, ref=ref, nll=nll,
+                                              nll_coef=args.bc_coef if demos else 0.0, seed=args.seed * 1_000_003 + it)
                 lstats["perf/update_s"] = time.time() - t_update
             gen.push_weights(model)  # the next rollout samples from the updated policy
             cur.merge(world)

@@ -216,6 +216,13 @@ def parse_args(argv=None):
     g.add_argument("--aggregation", choices=["trajectory", "turn", "token"], default="trajectory",
                    help="M-GRPO token weights (mgrpo.py): each trajectory the same, each turn the same (WebAgent-R1 "
                         "as written), or each token the same")
+    g.add_argument("--bc-coef", type=float, default=0.0, metavar="C",
+                   help="real mode: add C times the token-mean NLL of expert turns (--demos) to every optimizer step, "
+                        "drawn from the tasks RL does not train on (those the probe left out; every task when none is): "
+                        "a behaviour-cloning anchor for what the start policy already solves (InstructGPT's PPO-ptx "
+                        "term; real.bc_batch, docs/rl.md); 0: none")
+    g.add_argument("--bc-trajectories", type=int, default=8, metavar="N",
+                   help="--bc-coef: expert trajectories drawn each iteration, all ranks together")
     g.add_argument("--curriculum", choices=["signal", "uniform"], default="signal",
                    help="which tasks the groups come from: weighted by the running share of their groups that had "
                         "signal (curriculum.py), or cycling through the tasks")
@@ -296,6 +303,11 @@ def parse_args(argv=None):
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.probe_seeds < 0 or (args.probe_seeds and args.mode != "real"):
         p.error(f"--probe-seeds N (>= 0) applies to --mode real, got {args.probe_seeds} with --mode {args.mode}")
+    if args.bc_coef < 0 or (args.bc_coef and args.mode != "real"):
+        p.error(f"--bc-coef C (>= 0) applies to --mode real (dream mode mixes experts with --real-ratio), got "
+                f"{args.bc_coef} with --mode {args.mode}")
+    if args.bc_coef and args.bc_trajectories < 1:
+        p.error("--bc-trajectories must be at least 1")
     if args.probe_seeds and args.benchmark != "miniwob":
         p.error(f"--probe-seeds applies to --benchmark miniwob: every seed of a {args.benchmark} task is the same "
                 f"episode (a probe would repeat it)")

@@ -234,3 +234,39 @@ def test_probe_leaves_out_the_tasks_the_start_policy_solves(tok, capsys, monkeyp
         with pytest.raises(SystemExit):
             train.parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+def test_bc_batch_draws_expert_turns_only_of_the_tasks_left_out(tok, tmp_path):
+    # --bc-coef's anchor (real.bc_batch): expert turns of the tasks the probe left out (click-button
+    # here, never enter-text, which RL trains on), --bc-trajectories / world of them per rank,
+    # prompts exactly as BC builds them; with nothing left out, every task; none of a task: an error.
+    import json
+
+    import supervised
+
+    path = tmp_path / "demos.jsonl"
+    with open(path, "w") as f:
+        for task, n in (("click-button", 6), ("enter-text", 6)):
+            for i in range(n):
+                obs = f"Goal: {task} {i}\nURL: file:///m/{task}.html\n[12] button 'b{i}'"
+                f.write(json.dumps({"task": task, "seed": i, "success": True, "reward": 1.0, "env_error": False,
+                                    "turns": [{"observation": obs, "action": "click('12')", "error": ""}]}) + "\n")
+    args = train.parse_args(["--mode", "real", "--tasks", "click-button,enter-text", "--demos", str(path),
+                             "--bc-coef", "1", "--bc-trajectories", "4"])
+    demos = supervised.expert_trajectories(args.demos, args.tasks)
+    cur = curriculum.Curriculum(args.tasks, args.group_size)
+    expected = {tuple(p): r for t in demos for p, r in supervised.expert_turns(t, tok, args)}
+    both = real.bc_batch(args, demos, cur, tok, 0, 0, 1)
+    cur.leave_out(["click-button"])
+    one = real.bc_batch(args, demos, cur, tok, 0, 0, 1)
+    half = real.bc_batch(args, demos, cur, tok, 1, 1, 2)
+    text = lambda samples: [tok.decode(p) for p, _ in samples]
+    assert len(both) == len(one) == 4 and len(half) == 2
+    assert all(expected[tuple(p)] == r for p, r in both + one + half)  # BC's own (prompt, reply) pairs
+    assert all("click-button" in x and "enter-text" not in x for x in text(one) + text(half))
+    assert any("enter-text" in x for x in text(both))
+    assert real.bc_batch(args, demos, cur, tok, 0, 0, 1) == one  # the same draw for the same (iteration, rank)
+    cur2 = curriculum.Curriculum(["click-button", "enter-text", "focus-text"], args.group_size)
+    cur2.leave_out(["focus-text"])
+    with pytest.raises(ValueError, match="no successful expert trajectory"):
+        real.bc_batch(args, demos, cur2, tok, 0, 0, 1)

@@ -196,6 +196,9 @@ def torch_equal(x, y):
     (["--mode", "dream", "--real-ratio", "-0.1"], "--real-ratio must be in [0, 1]"),
     (["--mode", "dream", "--dream-len", "0"], "--dream-len must be at least 1"),
     (["--mode", "dream", "--world-model", "/nonexistent/wm"], "python train.py --mode wm"),
+    (["--mode", "dream", "--real-ratio", "1", "--bc-coef", "1"], "--bc-coef C (>= 0) applies to --mode real"),
+    (["--mode", "real", "--bc-coef", "-1"], "--bc-coef C (>= 0) applies to --mode real"),
+    (["--mode", "real", "--bc-coef", "1", "--bc-trajectories", "0"], "--bc-trajectories must be at least 1"),
 ])
 def test_bad_arguments_get_a_clear_error(argv, message, capsys):
     import train
@@ -367,6 +370,25 @@ def test_in_run_greedy_evaluations_run_on_the_same_eval_episodes_when_due(tmp_pa
         (t,) = read_jsonl(os.path.join(out, "evals", name))
         assert (t["task"], t["seed"], t["success"]) == ("click-button", seed, success)
         assert t["turns"] and all("prompt_ids" not in u for u in t["turns"])
+
+
+def test_the_bc_term_enters_every_real_mode_update(tmp_path, monkeypatch, demos):
+    # --bc-coef 1: every iteration's update carries the token-mean NLL of the drawn expert turns
+    # (loss/nll logged); without the flag there is none. The demos hold click-button only and no
+    # task is left out, so the BC term draws from click-button.
+    import generators
+    import scripted_train
+    import train
+
+    monkeypatch.setattr(generators, "make_generator", scripted_train.make_generator("random"))
+    for bc in ("0", "1"):
+        out = str(tmp_path / f"bc{bc}")
+        train.main(["--mode", "real", "--tiny", "--out", out, "--tasks", "click-button", "--iterations", "2",
+                    "--groups-per-iter", "1", "--group-size", "2", "--max-steps", "1", "--num-envs", "1",
+                    "--report-every", "0", "--dynamic-sampling", "0", "--demos", demos, "--bc-coef", bc,
+                    "--bc-trajectories", "3"])
+        nlls = [m.get("loss/nll") for m in metrics(out) if "loss/updates" in m]
+        assert len(nlls) == 2 and (all(x is None for x in nlls) if bc == "0" else all(x and x > 0 for x in nlls)), nlls
 
 
 def test_the_negative_advantage_weight_reaches_the_update(tok):
