@@ -465,3 +465,8 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    # the sharded model and its process group sit in reference cycles: collect them while the interpreter is whole,
+    # not during finalization, where gloo's worker threads can abort the process (see tests/test_generator.py RL_CHECK)
+    import gc
+
+    gc.collect()

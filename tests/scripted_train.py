@@ -110,3 +110,6 @@ def main(argv):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    import gc
+
+    gc.collect()  # as train.py does: collect the sharded model's cycles before interpreter finalization
