@@ -1,6 +1,6 @@
 # webdream: setup, the main job on the embedded defaults, tests.
-#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (1 h 54 min end to end on a
-#               fresh clone, 2 cores, 2026-12-02: docs/rl.md, rl-e11)
+#   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (1 h 19 min end to end on a
+#               fresh clone, 2 cores with AVX-512 BF16, 2026-12-03: docs/rl.md, rl-e18)
 #   make test   the test suite (real Chromium, real tokenizer, tiny models; 6.5 min on 2 cores, 12.6 on a slower machine)
 PY      ?= python
 RUNS    ?= runs
@@ -39,6 +39,9 @@ AGG     ?= token
 # the BC term (--bc-coef; real.bc_batch): BC_COEF times the NLL of 8 expert trajectories an iteration, drawn from the
 # tasks the probe left out, beside the M-GRPO loss; 0: off (docs/rl.md)
 BC_COEF ?= 0
+# a linear learning-rate warm-up over the first WARMUP optimizer steps of M-GRPO (--warmup-steps; update.warmup_lr):
+# AdamW's first step moves every weight by the full lr (the first update's KL spike, docs/rl.md); 0: off
+WARMUP  ?= 0
 # BC under bf16 autocast where the CPU has AVX-512 BF16 (slower than fp32 on AVX2-only CPUs): 900 s instead of 1,778 s
 # on rl-e11's machine, 89.7% against 90.0% on the same 300 eval episodes (-0.3 points, -2.5 to +1.8; docs/speed.md)
 BC_BF16 ?= $(shell grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && echo 1 || echo 0)
@@ -74,7 +77,7 @@ bc: $(RUNS)/demos.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode bc --bf16 $(BC_BF16) --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
 real:  ## M-GRPO from the BC checkpoint on the tasks a greedy probe finds unsolved, a KL penalty holding the rest; greedy success on EVAL_SEEDS seeds per task every 3 iterations (collapse guard)
-	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --aggregation $(AGG) --probe-seeds $(PROBE) --bc-coef $(BC_COEF) --demos $(RUNS)/demos.jsonl --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --aggregation $(AGG) --probe-seeds $(PROBE) --bc-coef $(BC_COEF) --warmup-steps $(WARMUP) --demos $(RUNS)/demos.jsonl --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
