@@ -40,7 +40,8 @@ AGG     ?= token
 # tasks the probe left out, beside the M-GRPO loss; 0: off (docs/rl.md)
 BC_COEF ?= 0
 # a linear learning-rate warm-up over the first WARMUP optimizer steps of M-GRPO (--warmup-steps; update.warmup_lr):
-# AdamW's first step moves every weight by the full lr (the first update's KL spike, docs/rl.md); 0: off
+# AdamW's first step moves every weight by the full lr. WARMUP=4 (rl-e19) removed the first update's KL spike (0.010
+# instead of 15.8) but not the eval's few lost episodes: +0.7 points paired against WARMUP=0, p = 0.75; 0: off (docs/rl.md)
 WARMUP  ?= 0
 # BC under bf16 autocast where the CPU has AVX-512 BF16 (slower than fp32 on AVX2-only CPUs): 900 s instead of 1,778 s
 # on rl-e11's machine, 89.7% against 90.0% on the same 300 eval episodes (-0.3 points, -2.5 to +1.8; docs/speed.md)
