@@ -134,27 +134,48 @@ def judge_dreams(model, tokenizer, trajs: list[dict], *, threshold: float = 0.5,
             "judge/n": n}
 
 
-def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> list[tuple[tuple, bool]]:
-    """(view, label) for every prefix of every real episode: view is trajectory_view's tuple, label
-    whether the task was complete right after the prefix's last action.
+def transition_views(transitions: list[dict], imagined: dict | None = None) -> list[tuple[tuple, tuple, bool]]:
+    """(key, view, label) for every prefix of every episode in a transitions file (in file order): for
+    an episode's step k, its pages and actions 0..k and the recorded page after action k; label =
+    success at step k; key = (task, seed, step, action), as world_model.py --eval's predictions name
+    a transition.
 
-    transitions (in file order): for an episode's step k, its pages and actions 0..k, the recorded
-    page after action k, label = success at step k. trajectories: records of real or expert episodes
-    (dreams and env_error ones are left out; their labels are not real outcomes): each prefix that
-    the episode went on after (the next turn's page is its final page, label no, since a MiniWoB
-    episode ends at success), and the whole episode, labelled with its success, when its
-    final_observation was recorded (a view without a final page would teach the judge that its
-    absence means something)."""
+    imagined: {key: predicted Δ} (a world model's `--eval` predictions): the final page is then the
+    world model's page, delta.apply(page k, Δ), not the recorded one, i.e. the judge reads a one-step
+    dream of the recorded action from the real prefix, as it does in dream mode; transitions without
+    a prediction are left out."""
+    from delta import apply
+
     out = []
     for ep in episodes_of(transitions):
         goal = ep[0]["goal"]
         pages = [Obs(goal, t["obs"]["url"], t["obs"]["axtree"], t["obs"].get("error", "")).text for t in ep]
         for k, t in enumerate(ep):
-            nxt = t["next_obs"]
+            key = (t["task"], t["seed"], t["step"], t["action"])
+            if imagined is None:
+                nxt = t["next_obs"]
+            elif key in imagined:
+                nxt, _ = apply(t["obs"], imagined[key])
+            else:
+                continue
             final = Obs(goal, nxt["url"], nxt["axtree"], nxt.get("error", "")).text
             view = (goal, [page_text(p, goal) for p in pages[:k + 1]], [x["action"] for x in ep[:k + 1]],
                     page_text(final, goal))
-            out.append((view, bool(t["success"])))
+            out.append((key, view, bool(t["success"])))
+    return out
+
+
+def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> list[tuple[tuple, bool]]:
+    """(view, label) for every prefix of every real episode: view is trajectory_view's tuple, label
+    whether the task was complete right after the prefix's last action.
+
+    transitions: transition_views (the recorded page after each action). trajectories: records of real or expert episodes
+    (dreams and env_error ones are left out; their labels are not real outcomes): each prefix that
+    the episode went on after (the next turn's page is its final page, label no, since a MiniWoB
+    episode ends at success), and the whole episode, labelled with its success, when its
+    final_observation was recorded (a view without a final page would teach the judge that its
+    absence means something)."""
+    out = [(view, label) for _, view, label in transition_views(transitions)]
     for traj in trajectories:
         if traj.get("source") not in ("real", "expert") or traj.get("env_error") or not traj.get("turns"):
             continue
@@ -177,16 +198,9 @@ def judge_samples(transitions: list[dict], trajectories: list[dict], tokenizer,
             for view, label in labelled_views(transitions, trajectories)]
 
 
-def evaluate_judge(model, tokenizer, transitions: list[dict], trajectories: list[dict] = (), *,
-                   threshold: float = 0.5, max_tokens: int = 1024, batch_size: int = 8) -> dict:
-    """The judge on real outcomes (labelled_views): {judge/accuracy, judge/false_positive_rate (yes
-    among the prefixes that had not completed the task), judge/false_negative_rate, judge/n,
-    judge/positives}."""
-    views = labelled_views(transitions, trajectories)
-    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens) for v, _ in views],
-                      batch_size=batch_size)
-    pred = [p > threshold for p in ps]
-    labels = [y for _, y in views]
+def rates(pred: list[bool], labels: list[bool]) -> dict:
+    """{judge/accuracy, judge/false_positive_rate (yes among the prefixes that had not completed the
+    task), judge/false_negative_rate, judge/n, judge/positives} of yes/no verdicts against real outcomes."""
     pos = sum(labels)
     neg = len(labels) - pos
     return {"judge/accuracy": sum(p == y for p, y in zip(pred, labels)) / max(1, len(labels)),
@@ -195,8 +209,53 @@ def evaluate_judge(model, tokenizer, transitions: list[dict], trajectories: list
             "judge/n": len(labels), "judge/positives": pos}
 
 
+def evaluate_judge(model, tokenizer, transitions: list[dict], trajectories: list[dict] = (), *,
+                   imagined: dict | None = None, threshold: float = 0.5, max_tokens: int = 1024, batch_size: int = 8,
+                   predictions: list | None = None) -> dict:
+    """The judge on real outcomes (labelled_views): rates() at `threshold`. imagined: {key: predicted
+    Δ} of a world model (transition_views): each transition's final page is the imagined one, and
+    trajectories are not scored. `predictions`, a list, receives {task, seed, step, action, label,
+    p_yes} for each scored transition, in order (trajectory prefixes have no key and are left out)."""
+    keyed = transition_views(transitions, imagined)
+    views = [(v, y) for _, v, y in keyed]
+    if imagined is None:
+        views += labelled_views([], trajectories)
+    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens) for v, _ in views],
+                      batch_size=batch_size)
+    if predictions is not None:
+        predictions.extend({"task": k[0], "seed": k[1], "step": k[2], "action": k[3], "label": y, "p_yes": p}
+                           for (k, _, y), p in zip(keyed, ps))
+    return rates([p > threshold for p in ps], [y for _, y in views])
+
+
+def compare_with_done(judge_preds: list[dict], wm_preds: list[dict], threshold: float = 0.5) -> dict:
+    """The two dream rewards on the same transitions: the judge's verdict (judge_preds, evaluate_judge's
+    predictions, P(yes) > threshold) against the world model's `done: yes` (wm_preds, world_model.py
+    --eval's predictions: {task, seed, step, action, predicted}), both against the real outcome.
+    Returns {"done": rates, "judge": rates, "correct": stats.paired (B = the judge, A = done: yes;
+    right verdicts), "no_false_positive": stats.paired over the transitions that did not complete
+    the task (a right `no`), "n": shared transitions}. Raises ValueError when they share none."""
+    import stats
+    from delta import predicted_done
+
+    def key(r):
+        return (r["task"], r["seed"], r["step"], r["action"])
+    done = {key(r): predicted_done(r["predicted"]) for r in wm_preds}
+    said = {key(r): r["p_yes"] > threshold for r in judge_preds if key(r) in done}
+    label = {key(r): bool(r["label"]) for r in judge_preds if key(r) in done}
+    if not said:
+        raise ValueError("the judge's and the world model's predictions share no transition")
+    ks = list(said)
+    neg = [k for k in ks if not label[k]]
+    return {"n": len(ks), "done": rates([done[k] for k in ks], [label[k] for k in ks]),
+            "judge": rates([said[k] for k in ks], [label[k] for k in ks]),
+            "correct": stats.paired({k: done[k] == label[k] for k in ks}, {k: said[k] == label[k] for k in ks}),
+            "no_false_positive": stats.paired({k: not done[k] for k in neg}, {k: not said[k] for k in neg})}
+
+
 if __name__ == "__main__":
     import argparse
+    import os
 
     from runlog import read_jsonl
 
@@ -204,10 +263,29 @@ if __name__ == "__main__":
     ap.add_argument("--eval", required=True, help="checkpoint folder of the judge (train.py --mode judge)")
     ap.add_argument("--data", default="runs/wm_eval.jsonl", help="real transitions (world_model.py --collect)")
     ap.add_argument("--trajectories", default="", help="comma-separated trajectory files (real or expert episodes)")
+    ap.add_argument("--imagined", default="", help="a world model's predictions on --data (world_model.py --eval's "
+                    "<out>_predictions.jsonl): judge its imagined next pages, and compare with its `done:` line")
     ap.add_argument("--threshold", type=float, default=0.5, help="P(yes) above which the judge says yes")
     ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget")
+    ap.add_argument("--out", default=None, help="the JSON written (default <checkpoint>/judge_eval.json, or "
+                    "judge_eval_imagined.json with --imagined); its per-transition P(yes) beside it, <out>_predictions.jsonl")
     a = ap.parse_args()
     m, tok = policy.load_model(a.eval)
     trajs = [t for p in a.trajectories.split(",") if p for t in read_jsonl(p)]
-    print(json.dumps(evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold,
-                                    max_tokens=a.max_tokens), indent=1))
+    wm = read_jsonl(a.imagined) if a.imagined else None
+    preds: list[dict] = []
+    res = evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold, max_tokens=a.max_tokens,
+                         imagined={(r["task"], r["seed"], r["step"], r["action"]): r["predicted"] for r in wm} if wm else None,
+                         predictions=preds)
+    res["by_threshold"] = {th: rates([r["p_yes"] > th for r in preds], [r["label"] for r in preds])
+                           for th in (0.5, 0.7, 0.9, 0.95, 0.99)}
+    if wm:
+        res["vs_done"] = compare_with_done(preds, wm, a.threshold)
+    res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold)
+    out = a.out or os.path.join(a.eval, "judge_eval_imagined.json" if wm else "judge_eval.json")
+    with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in preds)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res, indent=1))
+    print(f"wrote {out}")

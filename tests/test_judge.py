@@ -131,3 +131,31 @@ def test_dream_reward_judge_needs_a_judge_checkpoint(capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge", "--judge", "/nonexistent"])
     assert "python train.py --mode judge" in capsys.readouterr().err
+
+
+def test_imagined_final_pages_are_the_world_models_and_a_perfect_one_changes_nothing():
+    trs = trans.load_transitions(DATA)
+    key = lambda t: (t["task"], t["seed"], t["step"], t["action"])  # noqa: E731
+    real = judge.transition_views(trs)
+    perfect = judge.transition_views(trs, {key(t): trans.delta_label(t) for t in trs})
+    assert [k for k, _, _ in real] == [key(t) for t in trs] and perfect == real  # apply(o, diff(o, o2)) == o2
+    lazy = judge.transition_views(trs, {key(t): "done: yes" for t in trs[:3]})  # an empty Δ: the page stays
+    assert [k for k, _, _ in lazy] == [key(t) for t in trs[:3]]
+    assert lazy[2][1][3] == lazy[2][1][1][2] != real[2][1][3] and lazy[2][2] is True  # the label stays the real outcome
+
+
+def test_the_judge_and_done_are_compared_on_the_same_transitions():
+    keys = [("t", s, 0, "click('1')") for s in range(6)]
+    labels = [True, True, False, False, False, False]
+    p_yes = [0.9, 0.2, 0.8, 0.1, 0.1, 0.1]         # judge: 1 false negative, 1 false positive
+    done = ["done: yes", "done: yes", "done: yes", "done: yes", "done: yes", "done: no"]  # done: 3 false positives
+    jp = [{"task": k[0], "seed": k[1], "step": k[2], "action": k[3], "label": y, "p_yes": p} for k, y, p in zip(keys, labels, p_yes)]
+    wp = [{"task": k[0], "seed": k[1], "step": k[2], "action": k[3], "predicted": d} for k, d in zip(keys, done)]
+    r = judge.compare_with_done(jp, wp + [dict(wp[0], seed=99)])
+    assert r["n"] == 6 and r["done"]["judge/false_positive_rate"] == 0.75 and r["judge"]["judge/false_positive_rate"] == 0.25
+    assert r["judge"]["judge/false_negative_rate"] == 0.5 and r["done"]["judge/false_negative_rate"] == 0.0
+    assert (r["no_false_positive"]["n"], r["no_false_positive"]["gained"], r["no_false_positive"]["lost"]) == (4, 2, 0)
+    assert (r["correct"]["gained"], r["correct"]["lost"]) == (2, 1)
+    assert judge.compare_with_done(jp, wp, threshold=0.85)["judge"]["judge/false_positive_rate"] == 0.0
+    with pytest.raises(ValueError, match="share no transition"):
+        judge.compare_with_done(jp, [dict(w, seed=50) for w in wp])
