@@ -2,6 +2,8 @@
 
     python train.py --mode judge --transitions runs/transitions.jsonl --judge-trajectories runs/demos.jsonl --out runs/judge
     python judge.py --eval runs/judge/final --data runs/wm_eval.jsonl      # accuracy and false positives on real episodes
+    python judge.py --eval runs/judge/final --data runs/wm_eval.jsonl --imagined runs/wm/final/wm_eval_predictions.jsonl
+        # the same on a world model's imagined next pages, paired against its done: line (docs/dreams.md)
     python train.py --mode dream ... --dream-reward judge --judge runs/judge/final
 
 DynaWeb scores each imagined trajectory τ̂ with a model's judgement of whether it completed the task
