@@ -30,7 +30,7 @@ import torch
 import compress
 import policy
 from env import Obs
-from transitions import episodes_of
+from transitions import episodes_of, transition_key
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def transition_views(transitions: list[dict], imagined: dict | None = None) -> l
         goal = ep[0]["goal"]
         pages = [Obs(goal, t["obs"]["url"], t["obs"]["axtree"], t["obs"].get("error", "")).text for t in ep]
         for k, t in enumerate(ep):
-            key = (t["task"], t["seed"], t["step"], t["action"])
+            key = transition_key(t)
             if imagined is None:
                 nxt = t["next_obs"]
             elif key in imagined:
@@ -240,11 +240,9 @@ def compare_with_done(judge_preds: list[dict], wm_preds: list[dict], threshold: 
     import stats
     from delta import predicted_done
 
-    def key(r):
-        return (r["task"], r["seed"], r["step"], r["action"])
-    done = {key(r): predicted_done(r["predicted"]) for r in wm_preds}
-    said = {key(r): r["p_yes"] > threshold for r in judge_preds if key(r) in done}
-    label = {key(r): bool(r["label"]) for r in judge_preds if key(r) in done}
+    done = {transition_key(r): predicted_done(r["predicted"]) for r in wm_preds}
+    said = {transition_key(r): r["p_yes"] > threshold for r in judge_preds if transition_key(r) in done}
+    label = {transition_key(r): bool(r["label"]) for r in judge_preds if transition_key(r) in done}
     if not said:
         raise ValueError("the judge's and the world model's predictions share no transition")
     ks = list(said)
@@ -277,7 +275,7 @@ if __name__ == "__main__":
     wm = read_jsonl(a.imagined) if a.imagined else None
     preds: list[dict] = []
     res = evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold, max_tokens=a.max_tokens,
-                         imagined={(r["task"], r["seed"], r["step"], r["action"]): r["predicted"] for r in wm} if wm else None,
+                         imagined={transition_key(r): r["predicted"] for r in wm} if wm else None,
                          predictions=preds)
     res["by_threshold"] = {th: rates([r["p_yes"] > th for r in preds], [r["label"] for r in preds])
                            for th in (0.5, 0.7, 0.9, 0.95, 0.99)}

@@ -280,6 +280,12 @@ def replay(start: dict, actions: list[str], *, env=None, max_steps: int = 30) ->
             env.close()
     return res
 
+def transition_key(r: dict) -> tuple:
+    """(task, seed, step, action): what names one transition across files (a transitions record, a
+    world model's or a judge's `--eval` predictions), for pairing them."""
+    return (r["task"], r["seed"], r["step"], r["action"])
+
+
 def episodes_of(transitions: list[dict]) -> list[list[dict]]:
     """Split transitions (in file order) into episodes: a new one at every step 0."""
     eps = []

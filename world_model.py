@@ -30,7 +30,7 @@ from actions import ActionParseError, parse_action
 from delta import apply, as_state, delta_lines, predicted_done, predicted_status, tree_f1, tree_lines
 from env import Obs
 from transitions import (checkpoint_policy, collect_transitions, delta_label, episodes_of, history, load_transitions,
-                         pick_start_state)
+                         pick_start_state, transition_key)
 
 logger = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ def compare_predictions(a_path: str, b_path: str) -> dict:
     from runlog import read_jsonl
 
     def exact(path):
-        return {(r["task"], r["seed"], r["step"], r["action"]): bool(r["exact"]) for r in read_jsonl(path)}
+        return {transition_key(r): bool(r["exact"]) for r in read_jsonl(path)}
     a, b = exact(a_path), exact(b_path)
     out = {"all": stats.paired(a, b)}
     for task in sorted({k[0] for k in set(a) & set(b)}):

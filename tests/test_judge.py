@@ -135,7 +135,7 @@ def test_dream_reward_judge_needs_a_judge_checkpoint(capsys):
 
 def test_imagined_final_pages_are_the_world_models_and_a_perfect_one_changes_nothing():
     trs = trans.load_transitions(DATA)
-    key = lambda t: (t["task"], t["seed"], t["step"], t["action"])  # noqa: E731
+    key = trans.transition_key
     real = judge.transition_views(trs)
     perfect = judge.transition_views(trs, {key(t): trans.delta_label(t) for t in trs})
     assert [k for k, _, _ in real] == [key(t) for t in trs] and perfect == real  # apply(o, diff(o, o2)) == o2
