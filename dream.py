@@ -33,23 +33,51 @@ import update
 from runlog import read_jsonl, truncate_jsonl
 
 
-def dream_batch(args, it: int, rank: int, world: int, demos: list[dict]) -> tuple[list[tuple[str, int]], list[dict]]:
+def dream_batch(args, it: int, rank: int, world: int, demos: list[dict],
+                dream_tasks: list[str] | None = None) -> tuple[list[tuple[str, int]], list[dict]]:
     """This rank's share of iteration `it`'s batch: (dream jobs, real expert trajectories).
 
     The batch holds about groups_per_iter * group_size trajectories: round(real_ratio * that) real
-    expert trajectories drawn at random from the demos, and the rest as imagined groups of G
-    dreams each, (task, seed) cycling through the suite; the seed picks a real start state.
+    expert trajectories drawn at random from the demos (of every task), and the rest as imagined
+    groups of G dreams each, (task, seed) cycling through `dream_tasks` (default args.tasks; with
+    --probe-seeds the tasks the probe left in: probe_tasks); the seed picks a real start state.
     Expert trajectories and groups are dealt round-robin over ranks (groups never straddle ranks).
     """
+    tasks = dream_tasks or args.tasks
     total = args.groups_per_iter * args.group_size
     n_real = round(args.real_ratio * total)
     n_groups = round((total - n_real) / args.group_size)
     rng = random.Random(args.seed * 1_000_003 + it)  # the same draw on every rank
-    groups = [(args.tasks[(it * n_groups + g) % len(args.tasks)], rng.choice(webenv.TRAIN_SEEDS))
-              for g in range(n_groups)]  # cycle through the suite: every task gets its turn
+    groups = [(tasks[(it * n_groups + g) % len(tasks)], rng.choice(webenv.TRAIN_SEEDS))
+              for g in range(n_groups)]  # cycle through the tasks: every one gets its turn
     real = [demos[rng.randrange(len(demos))] for _ in range(n_real)] if demos else []
     jobs = [job for job in groups[rank::world] for _ in range(args.group_size)]
     return jobs, real[rank::world]
+
+
+def probe_tasks(args, gen, tok, rank: int, world: int) -> tuple[list[str], dict[str, tuple[int, int]], int]:
+    """--probe-seeds in dream mode: the tasks dreams are drawn from. The start policy runs greedily on
+    real pages (real.probe: --probe-seeds training seeds of every task), and the tasks it solves on
+    every probe episode are left out of the dreams (real.leave_out_solved's rule: none when that would
+    leave no task); expert trajectories still come from every task. A dream group on a task the policy
+    already solves has G equal rewards, advantage 0, and teaches nothing (measured 2026-12-03: 28 of
+    30 groups of a dream run over all 15 tasks; docs/dreams.md).
+    Returns (tasks left in, in args.tasks order; {task: (successes, valid episodes)}; real browser
+    steps the probe took, summed over ranks). Collective: every rank calls it."""
+    import functools
+
+    import curriculum
+    import real
+
+    pool = rollouts.EnvPool(functools.partial(webenv.WebEnv, max_steps=args.max_steps), tok, num_envs=args.num_envs,
+                            step_timeout=args.step_timeout, processes=args.env_workers == "process")
+    try:
+        probed, steps = real.probe(args, gen, tok, pool, rank, world)
+    finally:
+        pool.close()
+    cur = curriculum.Curriculum(args.tasks, args.group_size)
+    real.leave_out_solved(cur, probed, args.probe_seeds)
+    return cur.drawable(), probed, steps
 
 
 def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args, it: int) -> tuple[dict, int, list[dict]]:
@@ -196,11 +224,20 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     if it and rank == 0:  # resumed: like metrics.jsonl, drop what is redone (and a line cut by the kill)
         truncate_jsonl(replays_path, "iteration", it)
     settings = args.prompt_settings
+    dream_tasks = extra.get("dream_tasks") or list(args.tasks)  # resumed: the probe's choice, not re-run
     try:
+        if it == 0 and args.probe_seeds and args.real_ratio < 1:
+            with distributed.full_params(model, opt):
+                dream_tasks, probed, probe_steps = probe_tasks(args, gen, tok, rank, world)
+            real_steps += probe_steps
+            logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}
+                       | {f"probe/env_error/{t}": args.probe_seeds - n for t, (k, n) in probed.items()}, 0)
+            distributed.print0(rank, f"probe ({args.probe_seeds} greedy episodes a task on real pages, {probe_steps} "
+                                     f"steps): dreams on {', '.join(dream_tasks)}")
         bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)
         while it < args.iterations:
             t0 = time.time()
-            jobs, real = dream_batch(args, it, rank, world, demos)
+            jobs, real = dream_batch(args, it, rank, world, demos, dream_tasks)
             trajs, rstats, jstats = [], {}, {}
             with distributed.full_params(model, opt):  # --fsdp: full weights on every rank through rollout and update
                 if jobs:
@@ -238,13 +275,14 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             bar.set_postfix(success=f"{m['rollout/success']:.2f}", clip=f"{m.get('loss/clip_frac', 0):.4f}")
             if rank == 0 and report.due(args.report_every, it, args.iterations):
                 report.write_run_report(args.out, replays + [t for t in trajs if not t.get("replayed")], it, args.mode)
-            counters = {"env_steps": real_steps, "dream_steps": dream_steps}
+            counters = {"env_steps": real_steps, "dream_steps": dream_steps, "dream_tasks": dream_tasks}
             if it % args.save_every == 0 or it == args.iterations:
                 checkpoint.save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, counters, args.keep_ckpts,
                                            rank, world, settings)
         bar.close()
         checkpoint.save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": real_steps,
-                                   "dream_steps": dream_steps}, args.keep_ckpts, rank, world, settings)
+                                   "dream_steps": dream_steps, "dream_tasks": dream_tasks}, args.keep_ckpts, rank,
+                                   world, settings)
     finally:
         if pool is not None:
             pool.close()

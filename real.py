@@ -99,20 +99,22 @@ def greedy_eval(args, gen, tok, pool, it: int, rank: int, world: int) -> dict:
             "eval/ungrounded_thought": k_th / n_th if n_th else 0.0}
 
 
-def probe(args, gen, tok, pool, rank: int, world: int) -> dict[str, tuple[int, int]]:
+def probe(args, gen, tok, pool, rank: int, world: int) -> tuple[dict[str, tuple[int, int]], int]:
     """The start policy's greedy success on --probe-seeds training seeds of every task (the same seeds
-    for each task, drawn from env.TRAIN_SEEDS with --seed; each rank a share): {task: (successes,
-    episodes without env_error)}, summed over ranks (collective: every rank calls it). train_real leaves
-    out the tasks solved on every probe episode (curriculum.Curriculum.leave_out)."""
+    for each task, drawn from env.TRAIN_SEEDS with --seed; each rank a share). Returns ({task:
+    (successes, episodes without env_error)}, real browser steps taken), both summed over ranks
+    (collective: every rank calls it). train_real and dream.probe_tasks leave out the tasks solved on
+    every probe episode (curriculum.Curriculum.leave_out) and count the steps as real steps."""
     seeds = random.Random(args.seed * 7_919 + 17).sample(webenv.TRAIN_SEEDS, args.probe_seeds)
     jobs = [(t, s) for t in args.tasks for s in seeds][rank::world]
-    trajs, _ = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
-                                prompt=args.prompt, progress=rank == 0, desc="probe")
+    trajs, rstats = rollouts.rollout(gen, tok, pool, jobs, temperature=0.0, max_new_tokens=args.max_new_tokens,
+                                     prompt=args.prompt, progress=rank == 0, desc="probe")
     import stats
 
     rows = stats.summarise(trajs, args.tasks)["tasks"]  # this rank's successes and valid episodes a task
-    flat = distributed.all_sums([float(x) for t in args.tasks for x in (rows[t]["successes"], rows[t]["n"])], world)
-    return {task: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, task in enumerate(args.tasks)}
+    flat = distributed.all_sums([float(x) for t in args.tasks for x in (rows[t]["successes"], rows[t]["n"])]
+                                + [float(rstats.get("env_steps", 0))], world)
+    return {task: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, task in enumerate(args.tasks)}, int(flat[-1])
 
 
 def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, int]], episodes: int) -> list[str]:
@@ -171,7 +173,8 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
     try:
         if it == 0 and args.probe_seeds:
             with distributed.full_params(model, opt):
-                probed = probe(args, gen, tok, pool, rank, world)
+                probed, probe_steps = probe(args, gen, tok, pool, rank, world)
+            env_steps += probe_steps  # real browser steps too (not counted before 2026-12-03)
             solved = leave_out_solved(cur, probed, args.probe_seeds)
             logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}
                        | {f"probe/env_error/{t}": args.probe_seeds - n for t, (k, n) in probed.items()}, 0)

@@ -229,7 +229,8 @@ def parse_args(argv=None):
     g.add_argument("--probe-seeds", type=int, default=0, metavar="N",
                    help="before the first iteration, run the start policy greedily on N training seeds of every task and "
                         "leave out of RL the tasks it solves on all N (unless that is every task; real.probe; "
-                        "docs/rl.md); 0: train on every task. MiniWoB only (a WebArena-Lite task has one episode)")
+                        "docs/rl.md); in dream mode, of the dreams (expert trajectories still come from every task; "
+                        "dream.probe_tasks); 0: train on every task. MiniWoB only (a WebArena-Lite task has one episode)")
     g.add_argument("--dynamic-sampling", type=float, default=3.0, metavar="CAP",
                    help="keep drawing groups until --groups-per-iter of them have signal (rewards not all equal), "
                         "drawing at most CAP times that many; groups without signal are not trained on (0: off, "
@@ -301,8 +302,8 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if args.probe_seeds < 0 or (args.probe_seeds and args.mode != "real"):
-        p.error(f"--probe-seeds N (>= 0) applies to --mode real, got {args.probe_seeds} with --mode {args.mode}")
+    if args.probe_seeds < 0 or (args.probe_seeds and args.mode not in ("real", "dream")):
+        p.error(f"--probe-seeds N (>= 0) applies to --mode real and dream, got {args.probe_seeds} with --mode {args.mode}")
     if args.bc_coef < 0 or (args.bc_coef and args.mode != "real"):
         p.error(f"--bc-coef C (>= 0) applies to --mode real (dream mode mixes experts with --real-ratio), got "
                 f"{args.bc_coef} with --mode {args.mode}")

@@ -201,17 +201,18 @@ def test_probe_leaves_out_the_tasks_the_start_policy_solves(tok, capsys, monkeyp
     gen = GreedyOnly(tok)
     pool = EnvPool(SolvedPage, tok, num_envs=2)
     try:
-        probed = real.probe(args, gen, tok, pool, 0, 1)
+        probed, steps = real.probe(args, gen, tok, pool, 0, 1)
         # two ranks: each rolls out its share, the counts are summed over both (all_sums stood in for)
         shares = []
         monkeypatch.setattr(real.distributed, "all_sums", lambda flat, world: shares.append(flat) or flat)
         SolvedPage.resets.clear()
-        rank0, rank1 = (real.probe(args, gen, tok, pool, r, 2) for r in (0, 1))
+        rank0, rank1 = (real.probe(args, gen, tok, pool, r, 2)[0] for r in (0, 1))
     finally:
         pool.close()
     assert set(gen.temperatures) == {0.0}  # greedy, as the evaluation
     # enter-text: 0 of 3; click-link: no valid episode; focus-text: 2 of 2 valid (its first page broke)
     assert probed == {"click-button": (3, 3), "enter-text": (0, 3), "click-link": (0, 0), "focus-text": (2, 2)}
+    assert steps == 3 + 3 + 2  # one real step a valid episode; a page that never loaded took none
     summed = [a + b for a, b in zip(*shares)]
     assert sum(shares[0][1::2]) + sum(shares[1][1::2]) == 3 * 3 - 1  # 12 jobs split across ranks, 3 + 1 env_error
     assert sum(shares[0][1::2]) and sum(shares[1][1::2])  # each rank rolled out a share
@@ -226,8 +227,8 @@ def test_probe_leaves_out_the_tasks_the_start_policy_solves(tok, capsys, monkeyp
 
     for v in webarena_lite.SITE_VARS:  # a WebArena-Lite run's sites (never contacted by parse_args)
         monkeypatch.setenv(v, "http://gpu-node:1")
-    for argv, message in ((["--mode", "dream", "--real-ratio", "1", "--probe-seeds", "3"],
-                           "--probe-seeds N (>= 0) applies to --mode real"),
+    for argv, message in ((["--mode", "bc", "--probe-seeds", "3"],
+                           "--probe-seeds N (>= 0) applies to --mode real and dream"),
                           (["--mode", "real", "--benchmark", "webarena-lite", "--probe-seeds", "3"],
                            "every seed of a webarena-lite task is the same episode"),
                           (["--mode", "real", "--probe-seeds", "10001"], "only 10000 training seeds")):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -149,15 +150,22 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                        # the gspo run also rewards its dreams with a (tiny, random) trajectory judge; the nll run
                        # trains with M-GRPO and a KL penalty to its start (the reference model)
                        + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
-                          ["--loss", "mgrpo", "--kl-coef", "0.1"]),
+                          # and first probes the start policy on real pages (dream.probe_tasks)
+                          ["--loss", "mgrpo", "--kl-coef", "0.1", "--probe-seeds", "1"]),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = read_jsonl(os.path.join(out, "metrics.jsonl"))
+    probe_rows, ms = [x for x in ms if x["step"] == 0], [x for x in ms if x["step"] > 0]
     assert [x["step"] for x in ms] == [1, 2]
     # 4 trajectories a batch: 2 real, one dream group of 2, each dream 1-2 imagined steps
     assert all(x["dream/real_trajectories"] == 2 and x["dream/trajectories"] == 2 for x in ms)
     assert 4 <= ms[-1]["dream/steps"] <= 8
-    assert ms[0]["env/real_steps"] == 0 and ms[1]["env/real_steps"] >= 1  # only the replay check uses a browser
+    if expert_loss == "nll":  # the probe's 2 greedy episodes (one a task, neither solved) are real steps
+        assert "probe/success/click-button" in probe_rows[0] and "probe/success/enter-text" in probe_rows[0]
+        assert 2 <= ms[0]["env/real_steps"] <= 12 and "dreams on click-button, enter-text" in r.stdout + r.stderr
+    else:
+        assert not probe_rows and ms[0]["env/real_steps"] == 0
+    assert ms[1]["env/real_steps"] > ms[0]["env/real_steps"]  # the replay check uses a browser
     assert "dream/replay_contradiction" in ms[1] and "dream/replay_contradiction" not in ms[0]
     if expert_loss == "nll":
         assert all(x["loss/nll"] > 0 and x["dream/real_share"] == 0.5 for x in ms)
@@ -185,6 +193,26 @@ def test_every_task_gets_its_turn_of_dreams():
 
     seen = Counter(task for it in range(8) for task, _ in dream.dream_batch(args, it, 0, 1, [{}])[0][::4])
     assert seen == {t: 5 for t in tasks}
+
+
+def test_the_probe_keeps_dreams_off_the_tasks_the_start_policy_solves(monkeypatch):
+    # --probe-seeds in dream mode (dream.probe_tasks): real.probe's counts decide; a task solved on
+    # every probe episode gets no dream group (its G rewards would be equal: advantage 0), a task
+    # with an episode lost to env_error keeps its dreams; every task solved: dreams on all of them
+    tasks = ["click-button", "enter-text", "click-link", "focus-text"]
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--tasks", ",".join(tasks),
+                             "--probe-seeds", "3"])
+    import real
+
+    counts = {"click-button": (3, 3), "enter-text": (1, 3), "click-link": (3, 3), "focus-text": (2, 2)}
+    monkeypatch.setattr(real, "probe", lambda args, gen, tok, pool, rank, world: (counts, 11))
+    monkeypatch.setattr(dream.rollouts, "EnvPool", lambda *a, **k: SimpleNamespace(close=lambda: None))
+    kept, probed, steps = dream.probe_tasks(args, None, None, 0, 1)
+    assert kept == ["enter-text", "focus-text"] and probed == counts and steps == 11
+    seen = {task for it in range(6) for task, _ in dream.dream_batch(args, it, 0, 1, [{}], kept)[0]}
+    assert seen == {"enter-text", "focus-text"}
+    counts = {t: (3, 3) for t in tasks}
+    assert dream.probe_tasks(args, None, None, 0, 1)[0] == tasks
 
 
 @pytest.mark.parametrize("loss", ["gspo", "mgrpo"])
