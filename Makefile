@@ -22,6 +22,7 @@ DREAM_REWARD ?= judge
 # dreams only on the tasks a greedy probe of the BC start on DREAM_PROBE training seeds a task on real pages does not
 # solve on all of them (--probe-seeds; dream.probe_tasks); 0: dreams on every task (docs/dreams.md)
 DREAM_PROBE ?= 0
+DREAM_OUT ?= $(RUNS)/dream
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
 comma := ,
@@ -129,9 +130,9 @@ eval-judge: $(RUNS)/wm_eval.jsonl
 
 DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --probe-seeds $(DREAM_PROBE)
 dream:
-	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(RUNS)/wm/final --out $(RUNS)/dream $(if $(wildcard $(RUNS)/dream/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(RUNS)/wm/final --out $(DREAM_OUT) $(if $(wildcard $(DREAM_OUT)/latest),--resume)
 eval-dream:
-	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream/final --seeds $(SEEDS) --report $(RUNS)/dream/final/report
+	$(TIME) $(PY) eval.py --ckpt $(DREAM_OUT)/final --seeds $(SEEDS) --report $(DREAM_OUT)/final/report
 # DynaWeb's ablation: the same dream run with the untrained base model as world model (make dream's every other setting)
 dream-untrained:
 	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(shell $(PY) -c "import policy; print(policy.default_model_path())") --out $(RUNS)/dream-untrained $(if $(wildcard $(RUNS)/dream-untrained/latest),--resume)
