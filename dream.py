@@ -9,7 +9,9 @@ steps; the reward is the world model's `done: yes`, or with --dream-reward judge
 judge's verdict on the finished dream, judge.py), plus real expert trajectories at --real-ratio of
 the batch, then one policy update (update.py; GSPO by default). Every --replay-every iterations a
 few dreams are replayed on real pages (transitions.replay) to check the dream reward; those
-replays are the only real browser steps the loop takes (env/real_steps, apart from dream/steps).
+replays are the only real browser steps the loop takes (env/real_steps, apart from dream/steps), with
+--probe-seeds' greedy probe of the start policy before the first iteration (probe_tasks). Every
+imagined trajectory goes to dreams-rank{R}.jsonl (dream_record), the replays to dream_replays.jsonl.
 """
 from __future__ import annotations
 
@@ -119,8 +121,7 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
                 counts["real_failures"] += 1
                 counts["done_false_positive"] += int(t.get("done_success", t["success"]))
                 counts["judge_false_positive"] += int(t.get("judge_p", 0.0) > args.judge_threshold)
-        turns = [{k: v for k, v in u.items() if k not in ("prompt_ids", "response_ids", "response_logprobs")}
-                 for u in t["turns"]]
+        turns = [{k: v for k, v in u.items() if k not in _TOKEN_KEYS} for u in t["turns"]]
         obs_after = r["observations"] + [None] * (len(turns) - len(r["observations"]))
         # turn k shows the page the agent acted on; the real page after step k-1 is its counterpart
         for k, u in enumerate(turns):
@@ -130,6 +131,19 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
                     "predicted_success": t["success"], "real_success": r["success"],
                     "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
     return counts, steps, out
+
+
+_TOKEN_KEYS = ("prompt_ids", "response_ids", "response_logprobs")
+
+
+def dream_record(t: dict, iteration: int, group: int) -> dict:
+    """One imagined trajectory as a line of dreams-rank{R}.jsonl: its task, seed, reward (and
+    done_success, judge_p where set), group (G consecutive dreams of one rank's batch share one) and
+    turns (observation, response, action, error), without token ids: what a reader needs to see what
+    the policy was rewarded for, iteration by iteration."""
+    turns = [{k: v for k, v in u.items() if k not in _TOKEN_KEYS} for u in t.get("turns", [])]
+    return {**{k: v for k, v in t.items() if k not in ("turns", *_TOKEN_KEYS)}, "iteration": iteration,
+            "group": group, "turns": turns}
 
 
 def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> dict:
@@ -221,8 +235,11 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                              f"{args.dream_len}, loss {args.loss}, expert loss {args.expert_loss}, world {world}")
     renv: list = []  # one real browser for the replay checks, opened on first use
     replays_path = os.path.join(args.out, "dream_replays.jsonl")
-    if it and rank == 0:  # resumed: like metrics.jsonl, drop what is redone (and a line cut by the kill)
-        truncate_jsonl(replays_path, "iteration", it)
+    dreams_path = os.path.join(args.out, f"dreams-rank{rank}.jsonl")  # every imagined trajectory, each rank its own
+    if it:  # resumed: like metrics.jsonl, drop what is redone (and a line cut by the kill)
+        if rank == 0:
+            truncate_jsonl(replays_path, "iteration", it)
+        truncate_jsonl(dreams_path, "iteration", it)
     settings = args.prompt_settings
     dream_tasks = extra.get("dream_tasks") or list(args.tasks)  # resumed: the probe's choice, not re-run
     try:
@@ -245,6 +262,10 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                                                      max_new_tokens=args.max_new_tokens, prompt=args.prompt,
                                                      source="dream", progress=rank == 0, desc=f"dream {it}")
                 jstats = reward_dreams(trajs, judge_model, judge_tok, args, device)
+                os.makedirs(args.out, exist_ok=True)
+                with open(dreams_path, "a") as f:
+                    for k, t in enumerate(trajs):
+                        f.write(json.dumps(dream_record(t, it + 1, k // args.group_size)) + "\n")
                 lstats = dream_update(model, opt, tok, trajs, real, args, cfg, device, world,
                                       seed=args.seed * 1_000_003 + it, ref=ref)
             gen.push_weights(model)  # the next rollout samples from the updated policy

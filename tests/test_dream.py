@@ -175,6 +175,10 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
         assert all(x["judge/n"] == 2 for x in ms) and "dream/replay_judge_false_positive_rate" in ms[1]
     assert "dream/replay_done_false_positive_rate" in ms[1]
+    dreams = read_jsonl(os.path.join(out, "dreams-rank0.jsonl"))  # every imagined trajectory, without token ids
+    assert [(d["iteration"], d["group"]) for d in dreams] == [(1, 0), (1, 0), (2, 0), (2, 0)]
+    assert all(d["source"] == "dream" and d["turns"] and "response_ids" not in d["turns"][0] for d in dreams)
+    assert [sum(d["reward"] for d in dreams if d["iteration"] == i) / 2 for i in (1, 2)] == [x["rollout/reward"] for x in ms]
     rec = read_jsonl(os.path.join(out, "dream_replays.jsonl"))
     assert len(rec) == 1 and rec[0]["source"] == "dream" and "real_observation" in rec[0]["turns"][0]
     assert "done_success" in rec[0] and ("judge_p" in rec[0]) == (expert_loss == "gspo")
