@@ -22,6 +22,9 @@ DREAM_REWARD ?= judge
 # dreams only on the tasks a greedy probe of the BC start on DREAM_PROBE training seeds a task on real pages does not
 # solve on all of them (--probe-seeds; dream.probe_tasks); 0: dreams on every task (docs/dreams.md)
 DREAM_PROBE ?= 0
+# dynamic sampling in dreams (--dynamic-sampling CAP; dream.collect_dreams): more dream groups until the batch's share
+# has signal, at most CAP times as many; 0: off (docs/dreams.md)
+DREAM_DS ?= 0
 DREAM_OUT ?= $(RUNS)/dream
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
@@ -128,7 +131,7 @@ eval-judge: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl
 	$(if $(wildcard $(RUNS)/wm/final/wm_eval_predictions.jsonl),$(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl --imagined $(RUNS)/wm/final/wm_eval_predictions.jsonl)
 
-DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --probe-seeds $(DREAM_PROBE)
+DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --probe-seeds $(DREAM_PROBE) --dynamic-sampling $(DREAM_DS)
 dream:
 	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(RUNS)/wm/final --out $(DREAM_OUT) $(if $(wildcard $(DREAM_OUT)/latest),--resume)
 eval-dream:

@@ -57,6 +57,56 @@ def dream_batch(args, it: int, rank: int, world: int, demos: list[dict],
     return jobs, real[rank::world]
 
 
+def collect_dreams(args, it: int, rank: int, jobs: list[tuple[str, int]], gen, tok, pool, tasks: list[str],
+                   judge_model, judge_tok, device) -> tuple[list[dict], list[dict], dict, dict]:
+    """This rank's dreams of iteration `it`, rewarded (reward_dreams): (dreams to train on, every dream
+    rolled out, rollout counts summed over draws, judge figures over every dream).
+
+    `jobs` (dream_batch's: G consecutive copies of each (task, seed)) are rolled out first. Without
+    --dynamic-sampling every group is trained on as drawn. With CAP, real.collect's rule (DAPO's dynamic
+    sampling): a group whose G rewards are all equal (advantage 0 for each member) is set aside, and
+    more groups, (task, seed) drawn at random from `tasks` with fresh seeds, are rolled out until as
+    many groups as `jobs` holds have signal or CAP times that many were drawn; each later draw is
+    enlarged by the share of groups that had signal so far (at least 0.2). counts gain
+    sampling/groups_drawn and sampling/groups_kept."""
+    import math
+
+    import curriculum
+
+    G = args.group_size
+    need = len(jobs) // G
+    cap = max(need, int(args.dynamic_sampling * need)) if args.dynamic_sampling else need
+    rng = random.Random((args.seed * 1_000_003 + it) * 1_009 + rank)  # each rank its own extra groups
+    kept, rolled, rstats, judged = [], [], {}, []
+    batch, drawn, with_signal = jobs, 0, 0
+    while batch:
+        trajs, st = rollouts.rollout(gen, tok, pool, batch, temperature=args.temperature,
+                                     max_new_tokens=args.max_new_tokens, prompt=args.prompt,
+                                     source="dream", progress=rank == 0, desc=f"dream {it}" + (f" +{drawn // need}" if drawn else ""))
+        js = reward_dreams(trajs, judge_model, judge_tok, args, device)
+        if js:
+            judged.append(js)
+        for k, v in st.items():
+            rstats[k] = rstats.get(k, 0.0) + v
+        rolled += trajs
+        drawn += len(batch) // G
+        keep, _ = curriculum.split_by_signal(trajs, G)
+        with_signal += len(keep)
+        kept += keep if args.dynamic_sampling else [trajs[k:k + G] for k in range(0, len(trajs), G)]
+        if not args.dynamic_sampling or len(kept) >= need or drawn >= cap:
+            break
+        more = min(cap - drawn, math.ceil((need - len(kept)) / max(with_signal / drawn, 0.2)))
+        batch = [g for g in ((rng.choice(tasks), rng.choice(webenv.TRAIN_SEEDS)) for _ in range(more)) for _ in range(G)]
+    n = sum(j["judge/n"] for j in judged)
+    jstats = {k: sum(j[k] * j["judge/n"] for j in judged) / n if n else 0.0 for k in (judged[0] if judged else {})
+              if k != "judge/n"}
+    if judged:
+        jstats["judge/n"] = n
+    if args.dynamic_sampling:
+        rstats.update({"sampling/groups_drawn": drawn, "sampling/groups_kept": min(len(kept), need)})
+    return [t for g in kept[:need] for t in g], rolled, rstats, jstats
+
+
 def probe_tasks(args, gen, tok, rank: int, world: int) -> tuple[list[str], dict[str, tuple[int, int]], int]:
     """--probe-seeds in dream mode: the tasks dreams are drawn from. The start policy runs greedily on
     real pages (real.probe: --probe-seeds training seeds of every task), and the tasks it solves on
@@ -162,8 +212,12 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,
-                 world: int, seed: int, ref=None) -> dict:
+                 world: int, seed: int, ref=None, rolled: list[dict] | None = None, planned: int | None = None) -> dict:
     """One policy update on this rank's imagined trajectories plus its real expert trajectories.
+    rolled: every dream rolled out this iteration (default `trajs`; more under --dynamic-sampling),
+    over which the logged dream reward (rollout/reward) is taken. planned: this rank's dream slots in
+    the batch (len(jobs); default the dreams in `trajs` without env_error): the experts' share below
+    counts them, so that dynamic sampling, which may keep fewer groups, leaves it at the real ratio.
 
     How real expert trajectories enter the loss. Default (--expert-loss nll): a likelihood term
     weighted by their share of the batch, loss = (1 - share) * L_gspo + share * L_nll. An expert
@@ -174,9 +228,9 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
     off-policy, clipped by the sequence ratio like every other sample.
     """
     dreams = [t for t in trajs if not t["env_error"]]
-    n_dream, n_real, dream_reward = distributed.all_sums([len(dreams), len(real), sum(t["reward"] for t in dreams)],
-                                                         world)
-    expert_share = n_real / max(1.0, n_real + n_dream)
+    n_dream, n_real, dream_reward, n_slots = distributed.all_sums(
+        [len(dreams), len(real), sum(t["reward"] for t in dreams), len(dreams) if planned is None else planned], world)
+    expert_share = n_real / max(1.0, n_real + n_slots)
     nll, expert_trajs = [], []
     if args.expert_loss == "nll":
         nll = [s for t in real for s in supervised.expert_turns(t, tok, args)]
@@ -189,7 +243,10 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
     stats = update.policy_update(model, opt, tok, trajs + expert_trajs, cfg, device, world, ref=ref, nll=nll,
                                  nll_coef=expert_share if args.expert_loss == "nll" else 0.0,
                                  rl_scale=1.0 - expert_share if args.expert_loss == "nll" else 1.0, seed=seed)
-    # the dream reward: dreams only, whatever the loss does with the expert trajectories
+    # the dream reward: dreams only (every one rolled out), whatever the loss does with the expert trajectories
+    if rolled is not None:
+        live = [t for t in rolled if not t["env_error"]]
+        n_dream, dream_reward = distributed.all_sums([len(live), sum(t["reward"] for t in live)], world)
     stats["rollout/reward"] = dream_reward / max(1.0, n_dream)
     stats.update({"dream/trajectories": n_dream, "dream/real_trajectories": n_real, "dream/real_share": expert_share})
     return stats
@@ -255,19 +312,18 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         while it < args.iterations:
             t0 = time.time()
             jobs, real = dream_batch(args, it, rank, world, demos, dream_tasks)
-            trajs, rstats, jstats = [], {}, {}
+            train, trajs, rstats, jstats = [], [], {}, {}  # the dreams trained on; every dream rolled out
             with distributed.full_params(model, opt):  # --fsdp: full weights on every rank through rollout and update
                 if jobs:
-                    trajs, rstats = rollouts.rollout(gen, tok, pool, jobs, temperature=args.temperature,
-                                                     max_new_tokens=args.max_new_tokens, prompt=args.prompt,
-                                                     source="dream", progress=rank == 0, desc=f"dream {it}")
-                jstats = reward_dreams(trajs, judge_model, judge_tok, args, device)
+                    train, trajs, rstats, jstats = collect_dreams(args, it, rank, jobs, gen, tok, pool, dream_tasks,
+                                                                  judge_model, judge_tok, device)
                 os.makedirs(args.out, exist_ok=True)
                 with open(dreams_path, "a") as f:
                     for k, t in enumerate(trajs):
                         f.write(json.dumps(dream_record(t, it + 1, k // args.group_size)) + "\n")
-                lstats = dream_update(model, opt, tok, trajs, real, args, cfg, device, world,
-                                      seed=args.seed * 1_000_003 + it, ref=ref)
+                lstats = dream_update(model, opt, tok, train, real, args, cfg, device, world,
+                                      seed=args.seed * 1_000_003 + it, ref=ref, rolled=trajs,
+                                      planned=len(jobs) if args.dynamic_sampling else None)
             gen.push_weights(model)  # the next rollout samples from the updated policy
             dreams = [t for t in trajs if not t["env_error"]]
             replay_c, steps_now, replays = {}, 0, []

@@ -231,10 +231,11 @@ def parse_args(argv=None):
                         "leave out of RL the tasks it solves on all N (unless that is every task; real.probe; "
                         "docs/rl.md); in dream mode, of the dreams (expert trajectories still come from every task; "
                         "dream.probe_tasks); 0: train on every task. MiniWoB only (a WebArena-Lite task has one episode)")
-    g.add_argument("--dynamic-sampling", type=float, default=3.0, metavar="CAP",
+    g.add_argument("--dynamic-sampling", type=float, default=None, metavar="CAP",
                    help="keep drawing groups until --groups-per-iter of them have signal (rewards not all equal), "
                         "drawing at most CAP times that many; groups without signal are not trained on (0: off, "
-                        "train on the groups as drawn)")
+                        "train on the groups as drawn). Default 3 in real mode; 0 in dream mode, where it counts "
+                        "the batch's dream groups (dream.collect_dreams)")
     g.add_argument("--eval-every", type=int, default=0,
                    help="greedy success on the first --eval-seeds eval seeds of every task every N iterations and at "
                         "the start and the end (eval/success; trajectories in out/evals/); 0: never")
@@ -314,6 +315,8 @@ def parse_args(argv=None):
                 f"episode (a probe would repeat it)")
     if args.probe_seeds > len(webenv.TRAIN_SEEDS):
         p.error(f"--probe-seeds {args.probe_seeds}: there are only {len(webenv.TRAIN_SEEDS)} training seeds")
+    if args.dynamic_sampling is None:
+        args.dynamic_sampling = 3.0 if args.mode == "real" else 0.0
     if args.dynamic_sampling and args.dynamic_sampling < 1:
         p.error(f"--dynamic-sampling CAP must be 0 (off) or at least 1, got {args.dynamic_sampling}")
     if rl and args.groups_per_iter % world:

@@ -219,6 +219,36 @@ def test_the_probe_keeps_dreams_off_the_tasks_the_start_policy_solves(monkeypatc
     assert dream.probe_tasks(args, None, None, 0, 1)[0] == tasks
 
 
+@pytest.mark.parametrize("cap", [0, 3])
+def test_dynamic_sampling_in_dreams_trains_on_groups_with_signal(monkeypatch, cap):
+    # dream.collect_dreams: click-button's dreams all succeed (a group without signal), enter-text's
+    # first dream of a group fails and its second succeeds. Off: the drawn groups, as they are. CAP 3:
+    # more groups of the given tasks until 2 have signal, at most 3 x 2 groups drawn in all.
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--group-size", "2",
+                             "--dynamic-sampling", str(cap)])
+    calls = []
+
+    def fake_rollout(gen, tok, pool, jobs, **kw):
+        calls.append(list(jobs))
+        return [{"task": task, "seed": seed, "reward": float(task == "click-button" or k % 2 == 1), "turns": [],
+                 "success": task == "click-button" or k % 2 == 1, "env_error": False}
+                for k, (task, seed) in enumerate(jobs)], {"env_steps": len(jobs)}
+
+    monkeypatch.setattr(dream.rollouts, "rollout", fake_rollout)
+    jobs = [("click-button", 1)] * 2 + [("click-button", 2)] * 2
+    kept, rolled, rstats, jstats = dream.collect_dreams(args, 0, 0, jobs, None, None, None, ["enter-text"],
+                                                        None, None, None)
+    assert jstats == {} and calls[0] == jobs
+    if not cap:
+        assert len(calls) == 1 and kept == rolled and len(rolled) == 4 and "sampling/groups_drawn" not in rstats
+        return
+    # no signal yet: the next draw assumes the floor rate 0.2, 2 / 0.2 = 10 groups, capped at 6 - 2 = 4
+    assert len(calls) == 2 and len(calls[1]) == 4 * 2 and {t for t, _ in calls[1]} == {"enter-text"}
+    assert len(rolled) == 12 and rstats["env_steps"] == 12
+    assert len(kept) == 4 and all(t["task"] == "enter-text" for t in kept) and [t["reward"] for t in kept] == [0, 1, 0, 1]
+    assert rstats["sampling/groups_drawn"] == 6 and rstats["sampling/groups_kept"] == 2
+
+
 @pytest.mark.parametrize("loss", ["gspo", "mgrpo"])
 def test_the_advantage_key_is_the_advantage_used(tok, loss):
     # One trajectory alone in its group (group advantage 0) with advantage A: at ratio 1 both losses
