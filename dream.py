@@ -183,6 +183,54 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
     return counts, steps, out
 
 
+def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | None = None,
+                      iterations: list[int] | None = None, progress: bool = False) -> dict:
+    """Replay every imagined trajectory of a dreams-rank{R}.jsonl file (dream_record's lines) on real
+    pages and score its dream reward against the real outcome: how often the reward the policy was
+    trained on was true (DynaWeb's r(τ̂, q) checked against the environment it imitates).
+
+    Each dream starts from transitions.pick_start_state(start_states(transitions_path), seed, task),
+    the start state the run drew, and its replies are replayed with transitions.replay (untrusted
+    text: parsed, never executed). Only dreams whose start page is reproduced exactly count.
+    Returns {task or "all": {dreams, matched, rewarded, real_success, true_positive, false_positive,
+    false_negative, precision (true among rewarded, None when none), real_steps}}. Raises
+    FileNotFoundError for a missing file, ValueError for a task without recorded start states.
+    """
+    states = transitions.start_states(read_jsonl(transitions_path))
+    rows = [r for r in read_jsonl(path) if r.get("source", "dream") == "dream" and r.get("turns")
+            and not r.get("env_error") and (tasks is None or r["task"] in tasks)
+            and (iterations is None or r.get("iteration") in iterations)]
+    keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
+            "real_steps")
+    out: dict[str, dict] = {}
+    envs: dict[str, object] = {}
+    try:
+        for r in tqdm(rows, desc="replay dreams", disable=not progress):
+            start = transitions.pick_start_state(states, r["seed"], r["task"])
+            if r["task"] not in envs:
+                envs[r["task"]] = webenv.WebEnv(r["task"], max_steps=30)
+            res = transitions.replay(start, [u["response"] for u in r["turns"]], env=envs[r["task"]])
+            rewarded = float(r.get("reward", 0.0)) > 0.5
+            for name in (r["task"], "all"):
+                c = out.setdefault(name, dict.fromkeys(keys, 0))
+                c["dreams"] += 1
+                c["real_steps"] += res["steps"]
+                if res["env_error"] or not res["start_match"]:
+                    continue
+                c["matched"] += 1
+                c["rewarded"] += int(rewarded)
+                c["real_success"] += int(res["success"])
+                c["true_positive"] += int(rewarded and res["success"])
+                c["false_positive"] += int(rewarded and not res["success"])
+                c["false_negative"] += int(res["success"] and not rewarded)
+    finally:
+        for e in envs.values():
+            e.close()
+    for c in out.values():
+        c["precision"] = c["true_positive"] / c["rewarded"] if c["rewarded"] else None
+    return out
+
+
 _TOKEN_KEYS = ("prompt_ids", "response_ids", "response_logprobs")
 
 
@@ -367,3 +415,24 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             server.close()
         for e in renv:
             e.close()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Replay a dream run's imagined trajectories on real pages: was their reward true?")
+    ap.add_argument("--replay", required=True, help="a run's dreams-rank{R}.jsonl")
+    ap.add_argument("--transitions", default="runs/transitions.jsonl", help="the transitions the run's dreams started from")
+    ap.add_argument("--tasks", default="", help="comma-separated tasks (default: every task in the file)")
+    ap.add_argument("--iterations", default="", help="comma-separated iterations (default: all)")
+    a = ap.parse_args()
+    res = replay_dream_file(a.replay, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
+                            iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True)
+    print("| task | dreams | start reproduced | rewarded | real successes | rewarded and real | rewarded, not real | "
+          "real, not rewarded | precision |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, c in sorted(res.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        prec = "" if c["precision"] is None else f"{c['precision']:.1%}"
+        print(f"| {name} | {c['dreams']} | {c['matched']} | {c['rewarded']} | {c['real_success']} | {c['true_positive']} | "
+              f"{c['false_positive']} | {c['false_negative']} | {prec} |")
+    print(json.dumps(res))

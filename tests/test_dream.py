@@ -408,3 +408,29 @@ def test_dream_mode_with_mgrpo_and_kl_builds_the_reference_and_its_kl_acts(tmp_p
     assert stats["loss/kl"] > 0 and stats["loss/trajectories_trained"] == 4 and stats["loss/grad_norm"] > 0
     with pytest.raises(ValueError, match="reference"):
         dream.dream_update(model, opt, tok, group, [], args, train.update_config(args), "cpu", 1, seed=0)
+
+
+def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
+    """dream.replay_dream_file: a rewarded dream whose action really completes the task is a true
+    positive, a rewarded one whose action does not is a false positive, an unrewarded success a
+    false negative (real Chromium, the recorded start state of click-tab-2 seed 0 at stage 2)."""
+    trs = trans.load_transitions(DATA)
+    states = trans.start_states(trs)
+    ep = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 0]
+    seed = next(s for s in range(1000)
+                if trans.pick_start_state(states, s, "click-tab-2")["prefix"] == [ep[0]["action"], ep[1]["action"]])
+
+    def rec(action, reward):
+        return {"task": "click-tab-2", "seed": seed, "source": "dream", "reward": reward, "env_error": False,
+                "iteration": 1, "group": 0, "turns": [{"observation": "", "response": action, "action": action}]}
+
+    path = tmp_path / "dreams-rank0.jsonl"
+    rows = [rec(ep[2]["action"], 1.0), rec("click('21')", 1.0), rec(ep[2]["action"], 0.0),
+            {**rec("click('21')", 1.0), "iteration": 2}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = dream.replay_dream_file(str(path), DATA, iterations=[1])
+    c = res["click-tab-2"]
+    assert res["all"] == c
+    assert (c["dreams"], c["matched"], c["rewarded"], c["real_success"]) == (3, 3, 2, 2)
+    assert (c["true_positive"], c["false_positive"], c["false_negative"]) == (1, 1, 1)
+    assert c["precision"] == 0.5 and c["real_steps"] == 9
