@@ -203,13 +203,12 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
     keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
             "real_steps")
     out: dict[str, dict] = {}
-    envs: dict[str, object] = {}
+    renv = None  # one real browser for every task (env.reset switches task), opened on first use
     try:
         for r in tqdm(rows, desc="replay dreams", disable=not progress):
             start = transitions.pick_start_state(states, r["seed"], r["task"])
-            if r["task"] not in envs:
-                envs[r["task"]] = webenv.WebEnv(r["task"], max_steps=30)
-            res = transitions.replay(start, [u["response"] for u in r["turns"]], env=envs[r["task"]])
+            renv = renv or webenv.WebEnv(r["task"], max_steps=30)
+            res = transitions.replay(start, [u["response"] for u in r["turns"]], env=renv)
             rewarded = float(r.get("reward", 0.0)) > 0.5
             for name in (r["task"], "all"):
                 c = out.setdefault(name, dict.fromkeys(keys, 0))
@@ -224,8 +223,8 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
                 c["false_positive"] += int(rewarded and not res["success"])
                 c["false_negative"] += int(res["success"] and not rewarded)
     finally:
-        for e in envs.values():
-            e.close()
+        if renv is not None:
+            renv.close()
     for c in out.values():
         c["precision"] = c["true_positive"] / c["rewarded"] if c["rewarded"] else None
     return out
@@ -276,8 +275,10 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
     off-policy, clipped by the sequence ratio like every other sample.
     """
     dreams = [t for t in trajs if not t["env_error"]]
-    n_dream, n_real, dream_reward, n_slots = distributed.all_sums(
-        [len(dreams), len(real), sum(t["reward"] for t in dreams), len(dreams) if planned is None else planned], world)
+    live = dreams if rolled is None else [t for t in rolled if not t["env_error"]]  # the logged reward's dreams
+    n_dream, n_real, dream_reward, n_slots, n_live, live_reward = distributed.all_sums(
+        [len(dreams), len(real), sum(t["reward"] for t in dreams), len(dreams) if planned is None else planned,
+         len(live), sum(t["reward"] for t in live)], world)
     expert_share = n_real / max(1.0, n_real + n_slots)
     nll, expert_trajs = [], []
     if args.expert_loss == "nll":
@@ -292,11 +293,8 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
                                  nll_coef=expert_share if args.expert_loss == "nll" else 0.0,
                                  rl_scale=1.0 - expert_share if args.expert_loss == "nll" else 1.0, seed=seed)
     # the dream reward: dreams only (every one rolled out), whatever the loss does with the expert trajectories
-    if rolled is not None:
-        live = [t for t in rolled if not t["env_error"]]
-        n_dream, dream_reward = distributed.all_sums([len(live), sum(t["reward"] for t in live)], world)
-    stats["rollout/reward"] = dream_reward / max(1.0, n_dream)
-    stats.update({"dream/trajectories": n_dream, "dream/real_trajectories": n_real, "dream/real_share": expert_share})
+    stats["rollout/reward"] = live_reward / max(1.0, n_live)
+    stats.update({"dream/trajectories": n_live, "dream/real_trajectories": n_real, "dream/real_share": expert_share})
     return stats
 
 
@@ -352,8 +350,9 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             with distributed.full_params(model, opt):
                 dream_tasks, probed, probe_steps = probe_tasks(args, gen, tok, rank, world)
             real_steps += probe_steps
-            logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}
-                       | {f"probe/env_error/{t}": args.probe_seeds - n for t, (k, n) in probed.items()}, 0)
+            from real import probe_metrics  # `real` names this loop's expert trajectories
+
+            logger.log(probe_metrics(probed, args.probe_seeds), 0)
             distributed.print0(rank, f"probe ({args.probe_seeds} greedy episodes a task on real pages, {probe_steps} "
                                      f"steps): dreams on {', '.join(dream_tasks)}")
         bar = tqdm(total=args.iterations, initial=it, desc="dream", disable=rank != 0)

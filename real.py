@@ -117,6 +117,13 @@ def probe(args, gen, tok, pool, rank: int, world: int) -> tuple[dict[str, tuple[
     return {task: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, task in enumerate(args.tasks)}, int(flat[-1])
 
 
+def probe_metrics(probed: dict[str, tuple[int, int]], episodes: int) -> dict[str, float]:
+    """probe()'s result as metrics logged at step 0: probe/success/TASK (successes over valid
+    episodes, for the tasks with any) and probe/env_error/TASK (of `episodes` a task, those lost)."""
+    return ({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}
+            | {f"probe/env_error/{t}": episodes - n for t, (k, n) in probed.items()})
+
+
 def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, int]], episodes: int) -> list[str]:
     """Leave out of the curriculum the tasks solved on all `episodes` probe episodes (a task with an
     episode lost to env_error stays in: one lucky episode is no evidence); none when that would leave
@@ -176,8 +183,7 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
                 probed, probe_steps = probe(args, gen, tok, pool, rank, world)
             env_steps += probe_steps  # real browser steps too (not counted before 2026-12-03)
             solved = leave_out_solved(cur, probed, args.probe_seeds)
-            logger.log({f"probe/success/{t}": k / n for t, (k, n) in probed.items() if n}
-                       | {f"probe/env_error/{t}": args.probe_seeds - n for t, (k, n) in probed.items()}, 0)
+            logger.log(probe_metrics(probed, args.probe_seeds), 0)
             distributed.print0(rank, f"probe ({args.probe_seeds} greedy episodes a task): left out (solved on every "
                                      f"one): {', '.join(solved) or 'none'}; training on: {', '.join(cur.drawable())}")
         elif it > 0 and cur.left_out:
