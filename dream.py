@@ -19,6 +19,7 @@ import json
 import os
 import random
 import time
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -184,49 +185,68 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
 
 
 def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | None = None,
-                      iterations: list[int] | None = None, progress: bool = False) -> dict:
+                      iterations: list[int] | None = None, progress: bool = False,
+                      judge_p: Callable[[list[dict]], list[float]] | None = None,
+                      thresholds: tuple[float, ...] = (0.5,)) -> dict:
     """Replay every imagined trajectory of a dreams-rank{R}.jsonl file (dream_record's lines) on real
-    pages and score its dream reward against the real outcome: how often the reward the policy was
-    trained on was true (DynaWeb's r(τ̂, q) checked against the environment it imitates).
+    pages and score dream rewards against the real outcome: how often the reward the policy was
+    trained on was true (DynaWeb's r(τ̂, q) checked against the environment it imitates), and how
+    often another reward would have been, on the same dreams (paired).
 
     Each dream starts from transitions.pick_start_state(start_states(transitions_path), seed, task),
     the start state the run drew, and its replies are replayed with transitions.replay (untrusted
     text: parsed, never executed). Only dreams whose start page is reproduced exactly count.
-    Returns {task or "all": {dreams, matched, rewarded, real_success, true_positive, false_positive,
-    false_negative, precision (true among rewarded, None when none), real_steps}}. Raises
-    FileNotFoundError for a missing file, ValueError for a task without recorded start states.
+    The rewards scored: "trained" (the recorded reward > 0.5, what the run trained on); "done" (the
+    world model's `done: yes`, done_success, where every dream records it); and with judge_p (a
+    function from dream records to P(yes) each, e.g. judge.judge_trajectories on a checkpoint)
+    "judge>{th}" for each threshold.
+    Returns {reward: {task or "all": {dreams, matched, rewarded, real_success, true_positive,
+    false_positive, false_negative, precision (true among rewarded, None when none), recall (rewarded
+    among real successes, None when none), real_steps}}}. Raises FileNotFoundError for a missing
+    file, ValueError for a task without recorded start states.
     """
     states = transitions.start_states(read_jsonl(transitions_path))
     rows = [r for r in read_jsonl(path) if r.get("source", "dream") == "dream" and r.get("turns")
             and not r.get("env_error") and (tasks is None or r["task"] in tasks)
             and (iterations is None or r.get("iteration") in iterations)]
-    keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
-            "real_steps")
-    out: dict[str, dict] = {}
+    rewards = {"trained": [float(r.get("reward", 0.0)) > 0.5 for r in rows]}
+    if rows and all("done_success" in r for r in rows):
+        rewards["done"] = [bool(r["done_success"]) for r in rows]
+    if judge_p is not None:
+        ps = judge_p(rows)
+        rewards.update({f"judge>{th:g}": [p > th for p in ps] for th in thresholds})
+    real = []  # (real success or None when the start page was not reproduced, real steps) per row
     renv = None  # one real browser for every task (env.reset switches task), opened on first use
     try:
         for r in tqdm(rows, desc="replay dreams", disable=not progress):
             start = transitions.pick_start_state(states, r["seed"], r["task"])
             renv = renv or webenv.WebEnv(r["task"], max_steps=30)
             res = transitions.replay(start, [u["response"] for u in r["turns"]], env=renv)
-            rewarded = float(r.get("reward", 0.0)) > 0.5
-            for name in (r["task"], "all"):
-                c = out.setdefault(name, dict.fromkeys(keys, 0))
-                c["dreams"] += 1
-                c["real_steps"] += res["steps"]
-                if res["env_error"] or not res["start_match"]:
-                    continue
-                c["matched"] += 1
-                c["rewarded"] += int(rewarded)
-                c["real_success"] += int(res["success"])
-                c["true_positive"] += int(rewarded and res["success"])
-                c["false_positive"] += int(rewarded and not res["success"])
-                c["false_negative"] += int(res["success"] and not rewarded)
+            real.append((None if res["env_error"] or not res["start_match"] else bool(res["success"]), res["steps"]))
     finally:
         if renv is not None:
             renv.close()
-    for c in out.values():
-        c["precision"] = c["true_positive"] / c["rewarded"] if c["rewarded"] else None
+    keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
+            "real_steps")
+    out: dict[str, dict[str, dict]] = {}
+    for name, said in rewards.items():
+        table = out[name] = {}
+        for r, rewarded, (success, steps) in zip(rows, said, real):
+            for task in (r["task"], "all"):
+                c = table.setdefault(task, dict.fromkeys(keys, 0))
+                c["dreams"] += 1
+                c["real_steps"] += steps
+                if success is None:
+                    continue
+                c["matched"] += 1
+                c["rewarded"] += int(rewarded)
+                c["real_success"] += int(success)
+                c["true_positive"] += int(rewarded and success)
+                c["false_positive"] += int(rewarded and not success)
+                c["false_negative"] += int(success and not rewarded)
+        for c in table.values():
+            c["precision"] = c["true_positive"] / c["rewarded"] if c["rewarded"] else None
+            c["recall"] = c["true_positive"] / c["real_success"] if c["real_success"] else None
     return out
 
 
@@ -424,14 +444,32 @@ if __name__ == "__main__":
     ap.add_argument("--transitions", default="runs/transitions.jsonl", help="the transitions the run's dreams started from")
     ap.add_argument("--tasks", default="", help="comma-separated tasks (default: every task in the file)")
     ap.add_argument("--iterations", default="", help="comma-separated iterations (default: all)")
+    ap.add_argument("--judge", default="", help="a trajectory judge's checkpoint (train.py --mode judge): also score "
+                    "its verdict on the same dreams")
+    ap.add_argument("--thresholds", default="0.5,0.9", help="comma-separated P(yes) thresholds of --judge's verdict")
+    ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget (train.py's "
+                    "--max-prompt-tokens)")
+    ap.add_argument("--out", default="", help="also write the counts here as JSON")
     a = ap.parse_args()
+    judge_p = None
+    if a.judge:
+        import judge
+
+        jm, jtok = policy.load_model(a.judge)
+        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=a.max_tokens)  # noqa: E731
     res = replay_dream_file(a.replay, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
-                            iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True)
-    print("| task | dreams | start reproduced | rewarded | real successes | rewarded and real | rewarded, not real | "
-          "real, not rewarded | precision |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, c in sorted(res.items(), key=lambda kv: (kv[0] == "all", kv[0])):
-        prec = "" if c["precision"] is None else f"{c['precision']:.1%}"
-        print(f"| {name} | {c['dreams']} | {c['matched']} | {c['rewarded']} | {c['real_success']} | {c['true_positive']} | "
-              f"{c['false_positive']} | {c['false_negative']} | {prec} |")
+                            iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True,
+                            judge_p=judge_p, thresholds=tuple(float(t) for t in a.thresholds.split(",") if t))
+    for reward, table in res.items():
+        print(f"\nreward: {reward}\n")
+        print("| task | dreams | start reproduced | rewarded | real successes | rewarded and real | rewarded, not real | "
+              "real, not rewarded | precision | recall |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, c in sorted(table.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+            prec, rec = ("" if c[k] is None else f"{c[k]:.1%}" for k in ("precision", "recall"))
+            print(f"| {name} | {c['dreams']} | {c['matched']} | {c['rewarded']} | {c['real_success']} | "
+                  f"{c['true_positive']} | {c['false_positive']} | {c['false_negative']} | {prec} | {rec} |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
     print(json.dumps(res))

@@ -124,7 +124,7 @@ def parse_args(argv=None):
     g.add_argument("--out", default=None, help="run folder (checkpoints, logs); default runs/<mode>")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     g.add_argument("--seed", type=int, default=0, help="random seed (each rank adds its rank)")
-    g.add_argument("--save-every", type=int, default=5, help="checkpoint every N optimizer steps (bc) or iterations (real)")
+    g.add_argument("--save-every", type=int, default=5, help="checkpoint every N optimizer steps (bc, wm, judge) or iterations (real, dream)")
     g.add_argument("--keep-ckpts", type=int, default=2, help="how many step checkpoints to keep")
     g.add_argument("--report-every", type=int, default=5,
                    help="real/dream: every N iterations (and at the end) write out/report/report.html with the "

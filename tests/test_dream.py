@@ -413,24 +413,33 @@ def test_dream_mode_with_mgrpo_and_kl_builds_the_reference_and_its_kl_acts(tmp_p
 def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
     """dream.replay_dream_file: a rewarded dream whose action really completes the task is a true
     positive, a rewarded one whose action does not is a false positive, an unrewarded success a
-    false negative (real Chromium, the recorded start state of click-tab-2 seed 0 at stage 2)."""
+    false negative (real Chromium, the recorded start state of click-tab-2 seed 0 at stage 2); the
+    world model's done: line and a judge's P(yes) at each threshold are scored on the same replays."""
     trs = trans.load_transitions(DATA)
     states = trans.start_states(trs)
     ep = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 0]
     seed = next(s for s in range(1000)
                 if trans.pick_start_state(states, s, "click-tab-2")["prefix"] == [ep[0]["action"], ep[1]["action"]])
 
-    def rec(action, reward):
+    def rec(action, reward, done, p):
         return {"task": "click-tab-2", "seed": seed, "source": "dream", "reward": reward, "env_error": False,
-                "iteration": 1, "group": 0, "turns": [{"observation": "", "response": action, "action": action}]}
+                "done_success": done, "p": p, "iteration": 1, "group": 0,
+                "turns": [{"observation": "", "response": action, "action": action}]}
 
     path = tmp_path / "dreams-rank0.jsonl"
-    rows = [rec(ep[2]["action"], 1.0), rec("click('21')", 1.0), rec(ep[2]["action"], 0.0),
-            {**rec("click('21')", 1.0), "iteration": 2}]
+    rows = [rec(ep[2]["action"], 1.0, True, 0.95), rec("click('21')", 1.0, False, 0.7),
+            rec(ep[2]["action"], 0.0, True, 0.2), {**rec("click('21')", 1.0, True, 0.9), "iteration": 2}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = dream.replay_dream_file(str(path), DATA, iterations=[1])
-    c = res["click-tab-2"]
-    assert res["all"] == c
+    res = dream.replay_dream_file(str(path), DATA, iterations=[1], judge_p=lambda rs: [r["p"] for r in rs],
+                                  thresholds=(0.5, 0.9))
+    assert list(res) == ["trained", "done", "judge>0.5", "judge>0.9"]
+    c = res["trained"]["click-tab-2"]
+    assert res["trained"]["all"] == c
     assert (c["dreams"], c["matched"], c["rewarded"], c["real_success"]) == (3, 3, 2, 2)
     assert (c["true_positive"], c["false_positive"], c["false_negative"]) == (1, 1, 1)
-    assert c["precision"] == 0.5 and c["real_steps"] == 9
+    assert c["precision"] == 0.5 and c["recall"] == 0.5 and c["real_steps"] == 9
+    done, lax, strict = (res[k]["all"] for k in ("done", "judge>0.5", "judge>0.9"))
+    assert (done["true_positive"], done["false_positive"], done["false_negative"]) == (2, 0, 0)
+    assert (lax["true_positive"], lax["false_positive"], lax["false_negative"]) == (1, 1, 1)
+    assert (strict["true_positive"], strict["false_positive"], strict["false_negative"]) == (1, 0, 1)
+    assert strict["precision"] == 1.0 and strict["recall"] == 0.5
