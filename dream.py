@@ -187,7 +187,7 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
 def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | None = None,
                       iterations: list[int] | None = None, progress: bool = False,
                       judge_p: Callable[[list[dict]], list[float]] | None = None,
-                      thresholds: tuple[float, ...] = (0.5,)) -> dict:
+                      thresholds: tuple[float, ...] = (0.5,), records: list | None = None) -> dict:
     """Replay every imagined trajectory of a dreams-rank{R}.jsonl file (dream_record's lines) on real
     pages and score dream rewards against the real outcome: how often the reward the policy was
     trained on was true (DynaWeb's r(τ̂, q) checked against the environment it imitates), and how
@@ -199,22 +199,30 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
     The rewards scored: "trained" (the recorded reward > 0.5, what the run trained on); "done" (the
     world model's `done: yes`, done_success, where every dream records it); and with judge_p (a
     function from dream records to P(yes) each, e.g. judge.judge_trajectories on a checkpoint)
-    "judge>{th}" for each threshold.
+    "judge>{th}" for each threshold, and "judge-p", P(yes) itself as --dream-reward judge-p gives it
+    (rewarded: P(yes) > 0.5).
+    What a group-normalised advantage uses is the order of rewards inside a group (the G dreams of one
+    start state, recorded as iteration and group): ranked_pairs counts the pairs of a group's dreams
+    with different real outcomes, ranked_right how many of them the reward orders as the real outcome
+    does (a tie counts 1/2), ranking its share (0.5: no better than chance; None without pairs).
     Returns {reward: {task or "all": {dreams, matched, rewarded, real_success, true_positive,
     false_positive, false_negative, precision (true among rewarded, None when none), recall (rewarded
-    among real successes, None when none), real_steps}}}. Raises FileNotFoundError for a missing
-    file, ValueError for a task without recorded start states.
+    among real successes, None when none), real_steps, ranked_pairs, ranked_right, ranking}}}.
+    records: when a list, one dict per dream is appended (task, seed, iteration, group, real_success
+    (None when the start page was not reproduced) and each reward's score). Raises FileNotFoundError
+    for a missing file, ValueError for a task without recorded start states.
     """
     states = transitions.start_states(read_jsonl(transitions_path))
     rows = [r for r in read_jsonl(path) if r.get("source", "dream") == "dream" and r.get("turns")
             and not r.get("env_error") and (tasks is None or r["task"] in tasks)
             and (iterations is None or r.get("iteration") in iterations)]
-    rewards = {"trained": [float(r.get("reward", 0.0)) > 0.5 for r in rows]}
+    scores = {"trained": [float(r.get("reward", 0.0)) for r in rows]}  # each reward's score; rewarded: > 0.5
     if rows and all("done_success" in r for r in rows):
-        rewards["done"] = [bool(r["done_success"]) for r in rows]
+        scores["done"] = [float(bool(r["done_success"])) for r in rows]
     if judge_p is not None:
-        ps = judge_p(rows)
-        rewards.update({f"judge>{th:g}": [p > th for p in ps] for th in thresholds})
+        ps = [float(p) for p in judge_p(rows)]
+        scores.update({f"judge>{th:g}": [float(p > th) for p in ps] for th in thresholds})
+        scores["judge-p"] = ps
     real = []  # (real success or None when the start page was not reproduced, real steps) per row
     renv = None  # one real browser for every task (env.reset switches task), opened on first use
     try:
@@ -226,12 +234,28 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
     finally:
         if renv is not None:
             renv.close()
+    if records is not None:
+        records += [{**{k: r.get(k) for k in ("task", "seed", "iteration", "group")}, "real_success": success,
+                     **{name: s[i] for name, s in scores.items()}} for i, (r, (success, _)) in enumerate(zip(rows, real))]
     keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
-            "real_steps")
+            "real_steps", "ranked_pairs", "ranked_right")
     out: dict[str, dict[str, dict]] = {}
-    for name, said in rewards.items():
+    for name, score in scores.items():
         table = out[name] = {}
-        for r, rewarded, (success, steps) in zip(rows, said, real):
+        groups: dict[tuple, list[tuple[float, bool]]] = {}
+        for r, s, (success, _) in zip(rows, score, real):
+            if success is not None:
+                groups.setdefault((r["task"], r.get("iteration"), r.get("group")), []).append((s, success))
+        for (task_name, _, _), members in groups.items():
+            wins = [a for a, ok in members if ok]
+            losses = [b for b, ok in members if not ok]
+            right = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in wins for b in losses)
+            for task in (task_name, "all"):
+                c = table.setdefault(task, dict.fromkeys(keys, 0))
+                c["ranked_pairs"] += len(wins) * len(losses)
+                c["ranked_right"] += right
+        for r, s, (success, steps) in zip(rows, score, real):
+            rewarded = s > 0.5
             for task in (r["task"], "all"):
                 c = table.setdefault(task, dict.fromkeys(keys, 0))
                 c["dreams"] += 1
@@ -247,6 +271,7 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
         for c in table.values():
             c["precision"] = c["true_positive"] / c["rewarded"] if c["rewarded"] else None
             c["recall"] = c["true_positive"] / c["real_success"] if c["real_success"] else None
+            c["ranking"] = c["ranked_right"] / c["ranked_pairs"] if c["ranked_pairs"] else None
     return out
 
 
@@ -266,16 +291,18 @@ def dream_record(t: dict, iteration: int, group: int) -> dict:
 def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> dict:
     """Each dream's reward, in place: every finished dream keeps the world model's verdict as
     done_success; with --dream-reward judge the judge's verdict replaces its success and reward
-    (judge.judge_dreams; its figures are returned), else `done: yes` stays the reward ({})."""
+    (judge.judge_dreams; its figures are returned), with judge-p its P(yes) is the reward (graded) and
+    P(yes) > --judge-threshold the success; else `done: yes` stays the reward ({})."""
     for t in trajs:
         if not t["env_error"]:
             t["done_success"] = bool(t["success"])
-    if args.dream_reward != "judge" or judge_model is None:
+    if args.dream_reward == "done" or judge_model is None:
         return {}
     import judge
 
     return judge.judge_dreams(judge_model, judge_tok, trajs, threshold=args.judge_threshold,
-                              max_tokens=args.max_prompt_tokens, bf16=bool(args.bf16) and device.type == "cuda")
+                              max_tokens=args.max_prompt_tokens, bf16=bool(args.bf16) and device.type == "cuda",
+                              graded=args.dream_reward == "judge-p")
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,
@@ -351,7 +378,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         # with them; a dream has no page that can hang.
         pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len, server=server),
                                 tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
-        if args.dream_reward == "judge":
+        if args.dream_reward != "done":
             judge_model, judge_tok = policy.load_model(args.judge, device=device)
             judge_model.eval().requires_grad_(False)
     distributed.print0(rank, f"dream: {args.iterations} iterations, real ratio {args.real_ratio}, dream length "
@@ -407,7 +434,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                           "dream/replay_false_success": c["false_success"] / max(1, c["matched"]),
                           "dream/replay_real_failures": c["real_failures"],
                           "dream/replay_done_false_positive_rate": c["done_false_positive"] / max(1, c["real_failures"])})
-                if args.dream_reward == "judge":
+                if args.dream_reward != "done":
                     m["dream/replay_judge_false_positive_rate"] = c["judge_false_positive"] / max(1, c["real_failures"])
             m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
             logger.log(m, it)
@@ -449,7 +476,8 @@ if __name__ == "__main__":
     ap.add_argument("--thresholds", default="0.5,0.9", help="comma-separated P(yes) thresholds of --judge's verdict")
     ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget (train.py's "
                     "--max-prompt-tokens)")
-    ap.add_argument("--out", default="", help="also write the counts here as JSON")
+    ap.add_argument("--out", default="", help="also write the counts here as JSON, and each dream's scores and "
+                    "real outcome beside it (<out>_dreams.jsonl)")
     a = ap.parse_args()
     judge_p = None
     if a.judge:
@@ -459,17 +487,21 @@ if __name__ == "__main__":
         judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=a.max_tokens)  # noqa: E731
     res = replay_dream_file(a.replay, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
                             iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True,
-                            judge_p=judge_p, thresholds=tuple(float(t) for t in a.thresholds.split(",") if t))
+                            judge_p=judge_p, thresholds=tuple(float(t) for t in a.thresholds.split(",") if t),
+                            records=(records := []))
     for reward, table in res.items():
         print(f"\nreward: {reward}\n")
         print("| task | dreams | start reproduced | rewarded | real successes | rewarded and real | rewarded, not real | "
-              "real, not rewarded | precision | recall |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "real, not rewarded | precision | recall | in-group pairs ordered right |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, c in sorted(table.items(), key=lambda kv: (kv[0] == "all", kv[0])):
-            prec, rec = ("" if c[k] is None else f"{c[k]:.1%}" for k in ("precision", "recall"))
+            prec, rec, rank = ("" if c[k] is None else f"{c[k]:.1%}" for k in ("precision", "recall", "ranking"))
             print(f"| {name} | {c['dreams']} | {c['matched']} | {c['rewarded']} | {c['real_success']} | "
-                  f"{c['true_positive']} | {c['false_positive']} | {c['false_negative']} | {prec} | {rec} |")
+                  f"{c['true_positive']} | {c['false_positive']} | {c['false_negative']} | {prec} | {rec} | "
+                  f"{rank} of {c['ranked_pairs']} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
+        with open(os.path.splitext(a.out)[0] + "_dreams.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
     print(json.dumps(res))

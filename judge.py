@@ -119,21 +119,22 @@ def judge_trajectories(model, tokenizer, trajs: list[dict], *, max_tokens: int =
 
 
 def judge_dreams(model, tokenizer, trajs: list[dict], *, threshold: float = 0.5, max_tokens: int = 1024,
-                 batch_size: int = 8, bf16: bool = False) -> dict:
+                 batch_size: int = 8, bf16: bool = False, graded: bool = False) -> dict:
     """Reward the dreams with the judge, in place: each finished dream (no env_error, at least one
-    turn) gets judge_p (P(yes)), done_success (the world model's `done: yes`, kept), and success and
-    reward from judge_p > threshold. Returns {judge/yes_share, judge/agree_with_done, judge/n}."""
+    turn) gets judge_p (P(yes)), done_success (the world model's `done: yes`, kept), and success
+    from judge_p > threshold; its reward is that success (0 or 1), or with graded judge_p itself.
+    Returns {judge/yes_share, judge/agree_with_done, judge/n, judge/mean_p}."""
     live = [t for t in trajs if not t["env_error"] and t["turns"]]
     ps = judge_trajectories(model, tokenizer, live, max_tokens=max_tokens, batch_size=batch_size, bf16=bf16)
     for t, p in zip(live, ps):
         t["done_success"] = bool(t.get("done_success", t["success"]))
         t["judge_p"] = p
         t["success"] = p > threshold
-        t["reward"] = float(t["success"])
+        t["reward"] = float(p) if graded else float(t["success"])
     n = len(live)
     return {"judge/yes_share": sum(t["success"] for t in live) / n if n else 0.0,
             "judge/agree_with_done": sum(t["success"] == t["done_success"] for t in live) / n if n else 0.0,
-            "judge/n": n}
+            "judge/n": n, "judge/mean_p": sum(t["judge_p"] for t in live) / n if n else 0.0}
 
 
 def transition_views(transitions: list[dict], imagined: dict | None = None) -> list[tuple[tuple, tuple, bool]]:

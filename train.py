@@ -252,10 +252,11 @@ def parse_args(argv=None):
     g.add_argument("--replay-every", type=int, default=2,
                    help="every N iterations, replay a sample of dreams on real pages to check the dream reward (0: never)")
     g.add_argument("--replay-samples", type=int, default=4, help="dreams replayed per check and rank")
-    g.add_argument("--dream-reward", choices=["done", "judge"], default="done",
+    g.add_argument("--dream-reward", choices=["done", "judge", "judge-p"], default="done",
                    help="a dream's reward: the world model's `done: yes`, or the trajectory judge's verdict on the "
-                        "finished dream (DynaWeb's self-evaluation, judge.py; --judge)")
-    g.add_argument("--judge", default="runs/judge/final", help="--dream-reward judge: the judge checkpoint "
+                        "finished dream (DynaWeb's self-evaluation, judge.py; --judge): judge: 1 when P(yes) > "
+                        "--judge-threshold, judge-p: P(yes) itself (graded: GSPO ranks a group's dreams by it)")
+    g.add_argument("--judge", default="runs/judge/final", help="--dream-reward judge/judge-p: the judge checkpoint "
                    "(train.py --mode judge)")
     g.add_argument("--judge-threshold", type=float, default=0.5, help="the judge says yes when P(yes) is above this")
     args = p.parse_args(argv)
@@ -294,7 +295,7 @@ def parse_args(argv=None):
     if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):
         p.error(f"--world-model {args.world_model}: no such checkpoint folder; train one with "
                 "`python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm`")
-    if args.mode == "dream" and args.dream_reward == "judge" and args.real_ratio < 1.0 and not os.path.isdir(args.judge):
+    if args.mode == "dream" and args.dream_reward != "done" and args.real_ratio < 1.0 and not os.path.isdir(args.judge):
         p.error(f"--judge {args.judge}: no such checkpoint folder; train one with `python train.py --mode judge "
                 "--transitions runs/transitions.jsonl --out runs/judge`")
     if args.loss is None:

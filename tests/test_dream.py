@@ -430,9 +430,15 @@ def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
     rows = [rec(ep[2]["action"], 1.0, True, 0.95), rec("click('21')", 1.0, False, 0.7),
             rec(ep[2]["action"], 0.0, True, 0.2), {**rec("click('21')", 1.0, True, 0.9), "iteration": 2}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = []
     res = dream.replay_dream_file(str(path), DATA, iterations=[1], judge_p=lambda rs: [r["p"] for r in rs],
-                                  thresholds=(0.5, 0.9))
-    assert list(res) == ["trained", "done", "judge>0.5", "judge>0.9"]
+                                  thresholds=(0.5, 0.9), records=records)
+    assert list(res) == ["trained", "done", "judge>0.5", "judge>0.9", "judge-p"]
+    assert [(r["real_success"], r["trained"], r["judge-p"]) for r in records] == [(True, 1.0, 0.95), (False, 1.0, 0.7),
+                                                                                  (True, 0.0, 0.2)]
+    # in-group order: the one pair of (success, failure) dreams per success; a tie counts 1/2
+    assert [(res[k]["all"]["ranked_pairs"], res[k]["all"]["ranking"]) for k in ("trained", "done", "judge-p")] == \
+        [(2, 0.25), (2, 1.0), (2, 0.5)]
     c = res["trained"]["click-tab-2"]
     assert res["trained"]["all"] == c
     assert (c["dreams"], c["matched"], c["rewarded"], c["real_success"]) == (3, 3, 2, 2)

@@ -76,12 +76,27 @@ def test_the_dream_reward_is_the_judges_verdict(tok, answer, done_success, rewar
     assert (t["reward"], t["success"], t["done_success"]) == (reward, reward == 1.0, done_success)
     assert t["judge_p"] == pytest.approx(reward, abs=1e-6)
     assert "judge_p" not in trajs[1] and trajs[1]["reward"] == float(False)  # an env_error dream is not judged
-    assert stats == {"judge/yes_share": reward, "judge/agree_with_done": float(reward == done_success), "judge/n": 1}
+    assert stats == pytest.approx({"judge/yes_share": reward, "judge/agree_with_done": float(reward == done_success),
+                                   "judge/n": 1, "judge/mean_p": reward}, abs=1e-6)
     # --dream-reward done: the world model's verdict stays the reward, the judge is not asked
     args = train.parse_args(["--mode", "dream", "--world-model", ROOT])
     trajs = [dream_record(done_success)]
     assert dream.reward_dreams(trajs, m, tok, args, policy.torch.device("cpu")) == {}
     assert (trajs[0]["reward"], trajs[0]["done_success"]) == (float(done_success), done_success)
+
+
+def test_the_graded_dream_reward_is_the_judges_p_yes(tok):
+    """--dream-reward judge-p: the reward is P(yes) itself, success still P(yes) > --judge-threshold
+    (a model that answers neither token: P(yes) = 1/2)."""
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge-p", "--judge", ROOT])
+    trajs = [dream_record(True)]
+    dream.reward_dreams(trajs, forced_model(tok, "maybe"), tok, args, policy.torch.device("cpu"))
+    assert trajs[0]["reward"] == pytest.approx(0.5) and trajs[0]["success"] is False
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge-p", "--judge", ROOT,
+                             "--judge-threshold", "0.4"])
+    trajs = [dream_record(False)]
+    dream.reward_dreams(trajs, forced_model(tok, "maybe"), tok, args, policy.torch.device("cpu"))
+    assert trajs[0]["reward"] == pytest.approx(0.5) and trajs[0]["success"] is True
 
 
 def test_the_judge_scores_compare_the_two_answer_tokens(tok):
