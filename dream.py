@@ -6,7 +6,7 @@ Each iteration: imagined groups, G dreams per (task, seed), run by rollout.py on
 (the same asynchronous collector as real mode; a dream starts from a real page at any stage of a
 recorded episode, its earlier turns as the prompts' history, and runs at most --dream-len imagined
 steps; the reward is the world model's `done: yes`, or with --dream-reward judge the trajectory
-judge's verdict on the finished dream, judge.py), plus real expert trajectories at --real-ratio of
+judge's verdict on the finished dream, judge.py, or with judge-p its P(yes) itself), plus real expert trajectories at --real-ratio of
 the batch, then one policy update (update.py; GSPO by default). Every --replay-every iterations a
 few dreams are replayed on real pages (transitions.replay) to check the dream reward; those
 replays are the only real browser steps the loop takes (env/real_steps, apart from dream/steps), with

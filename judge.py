@@ -12,7 +12,8 @@ action it took, then the page after the last action (`final_observation`), and a
 `no`. A dream that starts at stage k of a real episode is judged with that episode's first k
 turns in front (its `context`): completion depends on them (enter-text: typed in the real prefix,
 submitted in the dream). The verdict is P(yes), from one forward pass: the softmax over the two
-answer tokens at the reply's first position; the reward is 1 when P(yes) > threshold.
+answer tokens at the reply's first position; the reward is 1 when P(yes) > threshold, or
+with --dream-reward judge-p P(yes) itself (graded: a group's dreams ranked by it, docs/dreams.md).
 
 The prompt fits a token budget: the oldest pages give way to a placeholder first (every action
 stays), then the final page's tree is cut from its end. Labels are real outcomes (`judge_samples`):
