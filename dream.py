@@ -187,15 +187,17 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
 def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | None = None,
                       iterations: list[int] | None = None, progress: bool = False,
                       judge_p: Callable[[list[dict]], list[float]] | None = None,
-                      thresholds: tuple[float, ...] = (0.5,), records: list | None = None) -> dict:
+                      thresholds: tuple[float, ...] = (0.5,), records: list | None = None,
+                      max_stage: int | None = None) -> dict:
     """Replay every imagined trajectory of a dreams-rank{R}.jsonl file (dream_record's lines) on real
     pages and score dream rewards against the real outcome: how often the reward the policy was
     trained on was true (DynaWeb's r(τ̂, q) checked against the environment it imitates), and how
     often another reward would have been, on the same dreams (paired).
 
-    Each dream starts from transitions.pick_start_state(start_states(transitions_path), seed, task),
-    the start state the run drew, and its replies are replayed with transitions.replay (untrusted
-    text: parsed, never executed). Only dreams whose start page is reproduced exactly count.
+    Each dream starts from transitions.pick_start_state(start_states(transitions_path, max_stage=
+    max_stage), seed, task), the start state the run drew (max_stage: the run's --dream-max-stage),
+    and its replies are replayed with transitions.replay (untrusted text: parsed, never executed).
+    Only dreams whose start page is reproduced exactly count.
     The rewards scored: "trained" (the recorded reward > 0.5, what the run trained on); "done" (the
     world model's `done: yes`, done_success, where every dream records it); and with judge_p (a
     function from dream records to P(yes) each, e.g. judge.judge_trajectories on a checkpoint)
@@ -212,7 +214,7 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
     (None when the start page was not reproduced) and each reward's score). Raises FileNotFoundError
     for a missing file, ValueError for a task without recorded start states.
     """
-    states = transitions.start_states(read_jsonl(transitions_path))
+    states = transitions.start_states(read_jsonl(transitions_path), max_stage=max_stage)
     rows = [r for r in read_jsonl(path) if r.get("source", "dream") == "dream" and r.get("turns")
             and not r.get("env_error") and (tasks is None or r["task"] in tasks)
             and (iterations is None or r.get("iteration") in iterations)]
@@ -364,7 +366,9 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         if not os.path.exists(args.transitions):
             raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
                                     "`python world_model.py --collect runs/transitions.jsonl`")
-        states = [s for s in transitions.start_states(read_jsonl(args.transitions)) if s["task"] in args.tasks]
+        states = [s for s in transitions.start_states(read_jsonl(args.transitions),
+                                                       max_stage=args.dream_max_stage)
+                  if s["task"] in args.tasks]
         missing = sorted(set(args.tasks) - {s["task"] for s in states})
         if missing:
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
@@ -478,7 +482,12 @@ if __name__ == "__main__":
                     "--max-prompt-tokens)")
     ap.add_argument("--out", default="", help="also write the counts here as JSON, and each dream's scores and "
                     "real outcome beside it (<out>_dreams.jsonl)")
+    ap.add_argument("--max-stage", type=int, default=None, help="the run's --dream-max-stage (default: read from the "
+                    "args.json beside --replay, else every stage)")
     a = ap.parse_args()
+    if a.max_stage is None and os.path.exists(run_args := os.path.join(os.path.dirname(a.replay), "args.json")):
+        with open(run_args) as f:
+            a.max_stage = json.load(f).get("dream_max_stage")
     judge_p = None
     if a.judge:
         import judge
@@ -488,7 +497,7 @@ if __name__ == "__main__":
     res = replay_dream_file(a.replay, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
                             iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True,
                             judge_p=judge_p, thresholds=tuple(float(t) for t in a.thresholds.split(",") if t),
-                            records=(records := []))
+                            records=(records := []), max_stage=a.max_stage)
     for reward, table in res.items():
         print(f"\nreward: {reward}\n")
         print("| task | dreams | start reproduced | rewarded | real successes | rewarded and real | rewarded, not real | "

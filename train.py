@@ -246,6 +246,10 @@ def parse_args(argv=None):
                    help="share of each batch's trajectories that are real expert trajectories (from --demos); "
                         "the rest are imagined groups (0.4: the paper's sweet spot)")
     g.add_argument("--dream-len", type=int, default=5, help="imagined steps per dream before it is cut")
+    g.add_argument("--dream-max-stage", type=int, default=None, metavar="K",
+                   help="dreams start only from states reached after at most K actions of a recorded episode (0: "
+                        "first pages only, as every real episode starts; transitions.start_states); default: every "
+                        "stage, as DynaWeb draws them (docs/dreams.md)")
     g.add_argument("--expert-loss", choices=["nll", "gspo"], default="nll",
                    help="how expert trajectories enter the loss: a likelihood term weighted by their share, "
                         "or GSPO samples with advantage 1 - (the dreams' mean reward)")
@@ -292,6 +296,8 @@ def parse_args(argv=None):
         p.error(f"--real-ratio must be in [0, 1], got {args.real_ratio}")
     if args.dream_len < 1:
         p.error(f"--dream-len must be at least 1, got {args.dream_len}")
+    if args.dream_max_stage is not None and args.dream_max_stage < 0:
+        p.error(f"--dream-max-stage must be at least 0, got {args.dream_max_stage}")
     if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):
         p.error(f"--world-model {args.world_model}: no such checkpoint folder; train one with "
                 "`python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm`")

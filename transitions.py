@@ -185,23 +185,27 @@ def load_transitions(path: str) -> list[dict]:
     return read_jsonl(path)
 
 
-def start_states(transitions: list[dict], task: str | None = None) -> list[dict]:
+def start_states(transitions: list[dict], task: str | None = None, max_stage: int | None = None) -> list[dict]:
     """Distinct pre-action states {task, goal, url, axtree, error, hidden, seed, prefix, prefix_obs} of real
-    transitions (every stage of an episode, not only its first page), in first-seen order; only
-    `task`'s when given. error is the error the page showed (the previous action's).
+    transitions (every stage of an episode, not only its first page, as DynaWeb draws them), in
+    first-seen order; only `task`'s when given, and only those reached after at most `max_stage`
+    actions when given (0: episodes' first pages only; train.py --dream-max-stage). error is the error
+    the page showed (the previous action's). Raises ValueError for a negative max_stage.
 
     seed and prefix (the actions taken on that seed since reset, in order) say how to reach the
     state again on real pages (`replay`); prefix_obs holds the recorded page ({url, axtree, error})
     each of those actions was taken on, so a dream can show the episode so far (`history`).
     Transitions must be in file order: an episode's steps consecutive, starting at step 0
     (collect_transitions writes them so)."""
+    if max_stage is not None and max_stage < 0:
+        raise ValueError(f"max_stage must be >= 0 (or None: every stage), got {max_stage}")
     seen, out, prefix, pages = set(), [], {}, {}
     for t in transitions:
         key_ep = (t["task"], t.get("seed"))
         if t.get("step", 0) == 0:
             prefix[key_ep], pages[key_ep] = [], []
         actions, obs = prefix.setdefault(key_ep, []), pages.setdefault(key_ep, [])
-        if task is None or t["task"] == task:
+        if (task is None or t["task"] == task) and (max_stage is None or len(actions) <= max_stage):
             key = (t["task"], t["goal"], t["obs"]["url"], t["obs"]["axtree"])
             if key not in seen:
                 seen.add(key)

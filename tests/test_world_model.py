@@ -450,6 +450,13 @@ def test_start_states_cover_later_stages():
     assert any(t["step"] > 0 for t in ts)
     only = trans.start_states(ts, "enter-text")
     assert only and all(s["task"] == "enter-text" for s in only)
+    first = trans.start_states(ts, max_stage=0)  # --dream-max-stage 0: the pages every real episode starts on
+    assert first and all(s["prefix"] == [] and s["prefix_obs"] == [] for s in first)
+    assert {(s["task"], s["seed"]) for s in first} == {(t["task"], t["seed"]) for t in ts if t["step"] == 0}
+    upto1 = trans.start_states(ts, max_stage=1)
+    assert len(first) < len(upto1) < len(states) + 1 and max(len(s["prefix"]) for s in upto1) == 1
+    with pytest.raises(ValueError, match="max_stage"):
+        trans.start_states(ts, max_stage=-1)
 
 
 def test_dream_env_steps_and_ends_at_dream_len(tok):
