@@ -11,6 +11,8 @@ supervised.expert_turns). Positive: the checkpoint prefers the recorded reply. T
 recorded replies are turns of an eval's trajectories.jsonl (eval.py writes prompt_ids); the
 alternative clicks the element of the turn's page named --click (e.g. Submit), worded as the
 experts word it (experts.thought) when the recorded reply has a thought.
+The prompts are the recorded ones, so compare checkpoints that share the recording run's prompt
+settings (a checkpoint and the RL runs started from it do).
 
     python reply_margin.py runs/bc/final runs/dream-d6/final --trajectories runs/bc/final/eval/trajectories.jsonl \\
         --task choose-list --click Submit
