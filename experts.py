@@ -263,6 +263,12 @@ def thought(observation: str, action: str) -> str:
     return f"{verb} {what} [{bid}]."
 
 
+def thought_reply(observation: str, action: str) -> str:
+    """The thinking format's reply for an expert `action` on `observation`: `<think>{thought}</think>{action}`
+    (what BC trains on with --think, supervised.expert_turns). Raises ExpertError as `thought` does."""
+    return f"<think>{thought(observation, action)}</think>{action}"
+
+
 # the element a thought names, at its end: "the ROLE 'NAME' [BID]." (NAME as Python's repr writes it, or absent)
 _THOUGHT_ELEMENT = re.compile(r"the (\S+)(?: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))? \[([^\]\s]+)\]\.?\s*$")
 

@@ -10,7 +10,7 @@ each reply's token log-probs summed, its end-of-turn token included (the reply a
 supervised.expert_turns). Positive: the checkpoint prefers the recorded reply. The prompts and
 recorded replies are turns of an eval's trajectories.jsonl (eval.py writes prompt_ids); the
 alternative clicks the element of the turn's page named --click (e.g. Submit), worded as the
-experts word it (experts.thought) when the recorded reply has a thought.
+experts word it (experts.thought_reply) when the recorded reply has a thought.
 The prompts are the recorded ones, so compare checkpoints that share the recording run's prompt
 settings (a checkpoint and the RL runs started from it do).
 
@@ -39,7 +39,7 @@ def click_reply(observation: str, name: str, think: bool) -> str | None:
     if node is None:
         return None
     action = f"click({node.bid!r})"
-    return f"<think>{experts.thought(observation, action)}</think>{action}" if think else action
+    return experts.thought_reply(observation, action) if think else action
 
 
 def summed_logprobs(model, tok, prompt: list[int], replies: list[str]) -> list[float]:

@@ -53,7 +53,7 @@ def expert_turns(traj: dict, tokenizer, args) -> list[tuple[list[int], list[int]
         prompt = args.prompt.build(tokenizer, history, turn["observation"])
         response = turn.get("response") or turn["action"]
         if args.prompt.think and not turn.get("response"):  # the thinking format: a short grounded thought first
-            response = f"<think>{experts.thought(turn['observation'], turn['action'])}</think>{response}"
+            response = experts.thought_reply(turn["observation"], turn["action"])
         out.append((prompt, compress.encode_text(tokenizer, response) + [eos]))
         history.append({"observation": turn["observation"], "response": response})
     return out
