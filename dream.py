@@ -41,7 +41,8 @@ def dream_batch(args, it: int, rank: int, world: int, demos: list[dict],
     """This rank's share of iteration `it`'s batch: (dream jobs, real expert trajectories).
 
     The batch holds about groups_per_iter * group_size trajectories: round(real_ratio * that) real
-    expert trajectories drawn at random from the demos (of every task), and the rest as imagined
+    expert trajectories of every task (--expert-draw stratified: supervised.expert_deal, each task in
+    turn and no demo twice in a pass; random: drawn independently), and the rest as imagined
     groups of G dreams each, (task, seed) cycling through `dream_tasks` (default args.tasks; with
     --probe-seeds the tasks the probe left in: probe_tasks); the seed picks a real start state.
     Expert trajectories and groups are dealt round-robin over ranks (groups never straddle ranks).
@@ -53,7 +54,10 @@ def dream_batch(args, it: int, rank: int, world: int, demos: list[dict],
     rng = random.Random(args.seed * 1_000_003 + it)  # the same draw on every rank
     groups = [(tasks[(it * n_groups + g) % len(tasks)], rng.choice(webenv.TRAIN_SEEDS))
               for g in range(n_groups)]  # cycle through the tasks: every one gets its turn
-    real = [demos[rng.randrange(len(demos))] for _ in range(n_real)] if demos else []
+    if getattr(args, "expert_draw", "stratified") == "random":  # (the draw of runs before d9)
+        real = [demos[rng.randrange(len(demos))] for _ in range(n_real)] if demos else []
+    else:
+        real = supervised.expert_deal(demos, n_real, it, args.seed)
     jobs = [job for job in groups[rank::world] for _ in range(args.group_size)]
     return jobs, real[rank::world]
 

@@ -138,8 +138,9 @@ def leave_out_solved(cur: curriculum.Curriculum, probed: dict[str, tuple[int, in
 def bc_batch(args, demos: list[dict], cur: curriculum.Curriculum, tok, it: int, rank: int,
              world: int) -> list[tuple[list[int], list[int]]]:
     """This rank's behaviour-cloning samples for iteration `it` under --bc-coef: (prompt ids, reply ids)
-    of every turn of --bc-trajectories / world (at least 1) expert trajectories drawn at random from
-    `demos` (successful ones, supervised.expert_trajectories), only of the tasks the curriculum leaves
+    of every turn of --bc-trajectories / world (at least 1) expert trajectories of
+    `demos` (successful ones, supervised.expert_trajectories; --expert-draw: dealt task by task,
+    supervised.expert_deal, or drawn at random), only of the tasks the curriculum leaves
     out (those the start policy already solves), or of every task when it leaves none out. Their
     token-mean NLL enters each update with weight --bc-coef beside the M-GRPO loss (update.policy_update's
     `nll`): InstructGPT's PPO-ptx term (Ouyang et al. 2022, eq. 2), here anchoring the tasks RL does not
@@ -150,8 +151,12 @@ def bc_batch(args, demos: list[dict], cur: curriculum.Curriculum, tok, it: int, 
     pool = [t for t in demos if t["task"] in tasks]
     if not pool:
         raise ValueError(f"--bc-coef: {args.demos} holds no successful expert trajectory for {sorted(tasks)}")
-    rng = random.Random((args.seed * 1_000_003 + it) * 7_907 + rank)
-    picked = rng.sample(pool, min(len(pool), max(1, args.bc_trajectories // world)))
+    per_rank = max(1, args.bc_trajectories // world)
+    if getattr(args, "expert_draw", "stratified") == "random":  # (the draw of runs before d9)
+        rng = random.Random((args.seed * 1_000_003 + it) * 7_907 + rank)
+        picked = rng.sample(pool, min(len(pool), per_rank))
+    else:  # every rank deals the same sequence and takes its share of it
+        picked = supervised.expert_deal(pool, min(len(pool), per_rank) * world, it, args.seed)[rank::world]
     return [s for t in picked for s in supervised.expert_turns(t, tok, args)]
 
 

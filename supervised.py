@@ -43,6 +43,38 @@ def expert_trajectories(path: str, tasks: list[str]) -> list[dict]:
     return [t for t in read_jsonl(path) if t.get("success") and t["task"] in tasks]
 
 
+def expert_deal(demos: list[dict], n: int, it: int, seed: int) -> list[dict]:
+    """The `n` expert trajectories dealt to iteration `it` (0-based): positions [it * n, (it + 1) * n)
+    of an endless deal over `demos` in passes. Each pass holds every demo once: each task's demos
+    shuffled, then dealt in rounds (round r: the r-th demo of every task that has one, tasks in a
+    shuffled order), all seeded by (seed, pass), so every rank and a resumed run deal the same.
+    An iteration thus holds about n / (number of tasks) demos of each task and, while n <= len(demos),
+    no demo twice. Why not independent random draws: a draw of 19 from 300 can hold four of the three
+    choose-list demos whose target is already selected (the expert clicks Submit at once; one drawn
+    twice), and one such batch's likelihood term alone turned the policy's first choose-list reply
+    into a click on Submit (docs/dreams.md, d9). Returns [] when `demos` is empty or n <= 0."""
+    if not demos or n <= 0:
+        return []
+    by_task: dict[str, list[int]] = {}
+    for i, d in enumerate(demos):
+        by_task.setdefault(d["task"], []).append(i)
+    passes: dict[int, list[int]] = {}
+
+    def order(p: int) -> list[int]:
+        if p not in passes:
+            rng = np.random.default_rng([seed % 2**32, p])
+            lists = {t: [ix[j] for j in rng.permutation(len(ix))] for t, ix in sorted(by_task.items())}
+            out = []
+            for r in range(max(len(ix) for ix in lists.values())):
+                for t in rng.permutation(sorted(lists)):
+                    if r < len(lists[t]):
+                        out.append(lists[t][r])
+            passes[p] = out
+        return passes[p]
+
+    return [demos[order(pos // len(demos))[pos % len(demos)]] for pos in range(it * n, (it + 1) * n)]
+
+
 def expert_turns(traj: dict, tokenizer, args) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, reply ids + end-of-turn) for each turn of one expert trajectory, prompts built
     with args.prompt (compress.PromptSettings); with args.prompt.think a grounded thought comes

@@ -250,6 +250,10 @@ def parse_args(argv=None):
                    help="dreams start only from states reached after at most K actions of a recorded episode (0: "
                         "first pages only, as every real episode starts; transitions.start_states); default: every "
                         "stage, as DynaWeb draws them (docs/dreams.md)")
+    g.add_argument("--expert-draw", choices=["stratified", "random"], default="stratified",
+                   help="how each iteration's expert trajectories (dream mode's real share, real mode's --bc-coef) "
+                        "are picked: dealt task by task, no demo twice in a pass (supervised.expert_deal), or drawn "
+                        "independently at random (runs before d9; one such draw flipped choose-list: docs/dreams.md)")
     g.add_argument("--expert-loss", choices=["nll", "gspo"], default="nll",
                    help="how expert trajectories enter the loss: a likelihood term weighted by their share, "
                         "or GSPO samples with advantage 1 - (the dreams' mean reward)")

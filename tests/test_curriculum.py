@@ -265,7 +265,11 @@ def test_bc_batch_draws_expert_turns_only_of_the_tasks_left_out(tok, tmp_path):
     assert len(both) == len(one) == 4 and len(half) == 2
     assert all(expected[tuple(p)] == r for p, r in both + one + half)  # BC's own (prompt, reply) pairs
     assert all("click-button" in x and "enter-text" not in x for x in text(one) + text(half))
-    assert any("enter-text" in x for x in text(both))
+    assert sum("enter-text" in x for x in text(both)) == 2  # dealt task by task (supervised.expert_deal)
+    pool = [t for t in demos if t["task"] == "click-button"]
+    assert one == [s for t in supervised.expert_deal(pool, 4, 0, args.seed) for s in supervised.expert_turns(t, tok, args)]
+    r0, r1 = (real.bc_batch(args, demos, cur, tok, 0, r, 2) for r in (0, 1))  # two ranks share one deal
+    assert len(r0) == len(r1) == 2 and not set(text(r0)) & set(text(r1))
     assert real.bc_batch(args, demos, cur, tok, 0, 0, 1) == one  # the same draw for the same (iteration, rank)
     cur2 = curriculum.Curriculum(["click-button", "enter-text", "focus-text"], args.group_size)
     cur2.leave_out(["focus-text"])

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ sys.path.insert(0, ROOT)
 import policy  # noqa: E402
 import dream  # noqa: E402
 import train  # noqa: E402
+import supervised  # noqa: E402
 import update  # noqa: E402
 import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
@@ -43,6 +45,39 @@ def test_batch_holds_the_real_ratio(ratio, n_real, n_jobs):
     j1, r1 = dream.dream_batch(args, 0, 1, 2, experts)
     assert len(j0) + len(j1) == n_jobs and len(r0) + len(r1) == n_real
     assert sorted(j0 + j1) == sorted(jobs) and not set(j0) & set(j1)
+
+
+def test_expert_deal_spreads_tasks_and_repeats_no_demo_within_a_pass():
+    # 15 tasks x 20 demos, 19 a batch (real ratio 0.6): the first 15 batches are one pass (285 of 300)
+    demos = [{"task": f"t{t:02d}", "k": k} for t in range(15) for k in range(20)]
+    batches = [supervised.expert_deal(demos, 19, it, seed=0) for it in range(15)]
+    seen = [id(d) for b in batches for d in b]
+    assert len(seen) == len(set(seen)) == 285  # no demo twice in a pass
+    for b in batches:  # a batch of 19 spans at most three rounds of the 15 tasks: no task more than 3 times
+        assert len(b) == 19 and max(Counter(d["task"] for d in b).values()) <= 3
+    assert supervised.expert_deal(demos, 19, 3, seed=0) == batches[3]  # the same deal on every rank and on resume
+    assert supervised.expert_deal(demos, 19, 3, seed=1) != batches[3]
+    # the next pass deals every demo again, in a new order
+    nxt = [id(d) for it in range(15, 32) for d in supervised.expert_deal(demos, 19, it, seed=0)]
+    assert set(nxt[15:15 + 300]) == {id(d) for d in demos}
+    assert [id(d) for d in supervised.expert_deal(demos, 300, 1, seed=0)] != [id(d) for d in supervised.expert_deal(demos, 300, 0, seed=0)]
+    # tasks with few demos are dealt too; nothing to deal is an empty batch
+    uneven = [{"task": "a", "k": 0}] + [{"task": "b", "k": k} for k in range(9)]
+    assert sorted(d["k"] for d in supervised.expert_deal(uneven, 10, 0, seed=0) if d["task"] == "b") == list(range(9))
+    assert supervised.expert_deal([], 5, 0, seed=0) == [] and supervised.expert_deal(demos, 0, 0, seed=0) == []
+
+
+def test_dream_batch_deals_experts_unless_random_is_asked():
+    demos = [{"task": f"t{t}", "k": k} for t in range(4) for k in range(3)]
+    args = train.parse_args(["--mode", "dream", "--real-ratio", "0.25", "--world-model", ROOT])  # 8 experts
+    _, real = dream.dream_batch(args, 1, 0, 1, demos)
+    assert real == supervised.expert_deal(demos, 8, 1, args.seed)
+    _, r0 = dream.dream_batch(args, 1, 0, 2, demos)
+    _, r1 = dream.dream_batch(args, 1, 1, 2, demos)
+    assert r0 + r1 != real and sorted(map(id, r0 + r1)) == sorted(map(id, real))  # ranks split the one deal
+    args = train.parse_args(["--mode", "dream", "--real-ratio", "0.25", "--world-model", ROOT, "--expert-draw", "random"])
+    _, rand = dream.dream_batch(args, 1, 0, 1, demos)
+    assert len(rand) == 8 and rand != real
 
 
 def test_start_states_know_how_to_reach_them_again():
@@ -193,9 +228,8 @@ def test_every_task_gets_its_turn_of_dreams():
     tasks = ["click-button", "click-link", "click-dialog", "click-dialog-2", "click-tab", "click-tab-2",
              "enter-text", "focus-text"]
     args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--tasks", ",".join(tasks)])
-    from collections import Counter
 
-    seen = Counter(task for it in range(8) for task, _ in dream.dream_batch(args, it, 0, 1, [{}])[0][::4])
+    seen = Counter(task for it in range(8) for task, _ in dream.dream_batch(args, it, 0, 1, [{"task": "click-button"}])[0][::4])
     assert seen == {t: 5 for t in tasks}
 
 
@@ -213,7 +247,7 @@ def test_the_probe_keeps_dreams_off_the_tasks_the_start_policy_solves(monkeypatc
     monkeypatch.setattr(dream.rollouts, "EnvPool", lambda *a, **k: SimpleNamespace(close=lambda: None))
     kept, probed, steps = dream.probe_tasks(args, None, None, 0, 1)
     assert kept == ["enter-text", "focus-text"] and probed == counts and steps == 11
-    seen = {task for it in range(6) for task, _ in dream.dream_batch(args, it, 0, 1, [{}], kept)[0]}
+    seen = {task for it in range(6) for task, _ in dream.dream_batch(args, it, 0, 1, [{"task": "click-button"}], kept)[0]}
     assert seen == {"enter-text", "focus-text"}
     counts = {t: (3, 3) for t in tasks}
     assert dream.probe_tasks(args, None, None, 0, 1)[0] == tasks
