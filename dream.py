@@ -325,7 +325,12 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
     be zero and it would teach nothing; the likelihood term keeps the policy on real pages'
     behaviour whatever the world model gets wrong, which is what the real data is there for.
     --expert-loss gspo instead makes them GSPO samples with advantage 1 - (mean dream reward):
-    off-policy, clipped by the sequence ratio like every other sample.
+    off-policy, clipped by the sequence ratio like every other sample. --expert-loss kl keeps the
+    share's weight but makes the term KL(ref || policy) of the next-token distributions along the
+    experts' replies (update.policy_update's nll_ref; `ref` is the run's start): it holds the start
+    policy's behaviour on real pages without pulling toward replies the start policy did not learn,
+    such as choose-list's demos whose target is already selected (the expert clicks Submit at once),
+    whose likelihood term turned the first choose-list reply into a click on Submit (docs/dreams.md).
     """
     dreams = [t for t in trajs if not t["env_error"]]
     live = dreams if rolled is None else [t for t in rolled if not t["env_error"]]  # the logged reward's dreams
@@ -334,7 +339,9 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
          len(live), sum(t["reward"] for t in live)], world)
     expert_share = n_real / max(1.0, n_real + n_slots)
     nll, expert_trajs = [], []
-    if args.expert_loss == "nll":
+    if args.expert_loss == "kl" and ref is None:
+        raise ValueError("--expert-loss kl needs the reference model (train.py builds it for this flag)")
+    if args.expert_loss in ("nll", "kl"):
         nll = [s for t in real for s in supervised.expert_turns(t, tok, args)]
     else:
         base = dream_reward / n_dream if n_dream else 0.0
@@ -343,8 +350,9 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
             expert_trajs.append({"task": t["task"], "seed": f"expert-{k}", "turns": turns,
                                  "reward": 1.0, "success": True, "env_error": False, "advantage": 1.0 - base})
     stats = update.policy_update(model, opt, tok, trajs + expert_trajs, cfg, device, world, ref=ref, nll=nll,
-                                 nll_coef=expert_share if args.expert_loss == "nll" else 0.0,
-                                 rl_scale=1.0 - expert_share if args.expert_loss == "nll" else 1.0, seed=seed)
+                                 nll_coef=expert_share if args.expert_loss != "gspo" else 0.0,
+                                 rl_scale=1.0 - expert_share if args.expert_loss != "gspo" else 1.0, seed=seed,
+                                 nll_ref=ref if args.expert_loss == "kl" else None)
     # the dream reward: dreams only (every one rolled out), whatever the loss does with the expert trajectories
     stats["rollout/reward"] = live_reward / max(1.0, n_live)
     stats.update({"dream/trajectories": n_live, "dream/real_trajectories": n_real, "dream/real_share": expert_share})

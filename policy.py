@@ -339,7 +339,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int 
 
 
 def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n_last: int, *,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, full: bool = False) -> torch.Tensor:
     """Log-probs of the last `n_last` tokens of each left-padded row.
 
     ids, mask: (B, T) left-padded prompt+response ids and attention mask; responses end at T.
@@ -347,12 +347,15 @@ def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n_last: int, *,
     Positions that belong to a shorter row's prompt are garbage and must be masked by the caller.
     Only the last n_last+1 positions go through the vocabulary projection (`logits_to_keep`):
     about 97% of a sequence is prompt, so this saves most of the logits' compute and memory.
+    full: return the whole next-token distribution instead, (B, n_last, V) log-probs.
     """
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
                 logits_to_keep=n_last + 1, use_cache=False)
     logits = out.logits[:, :-1].float()  # (B, n_last, V) predicts the last n_last tokens
     if temperature != 1.0:
         logits = logits / temperature
+    if full:
+        return torch.log_softmax(logits, -1)
     targets = ids[:, -n_last:]  # (B, n_last)
     return torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
@@ -411,7 +414,8 @@ def prefix_cache(model, prefix: list[int], n: int):
 
 
 def reply_logprobs(model, prompts: list[list[int]], replies: list[list[int]], pad_id: int, *,
-                   temperature: float = 1.0, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+                   temperature: float = 1.0, share_prefix: bool = True,
+                   full: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Log-probs of each reply's tokens after its prompt, for training and pi_old / reference scoring.
 
     Returns logp (B, L) float, resp_mask (B, L) (1 on each row's reply, right-aligned) and L, the
@@ -421,6 +425,8 @@ def reply_logprobs(model, prompts: list[list[int]], replies: list[list[int]], pa
     KV cache copied to every row, and each row runs only the rest: the same numbers as running every
     row whole (to float rounding; tests), for a fraction of the compute: about 97% of a training
     sequence is prompt. Not with gradient checkpointing (which turns the KV cache off).
+    full: logp is instead the whole next-token distribution at each reply position, (B, L, V) log-probs
+    (the reply's own token is logp[b, j, r_b[j]]), for a KL to another model on the same replies.
     """
     device = next(model.parameters()).device
     B = len(prompts)
@@ -430,14 +436,17 @@ def reply_logprobs(model, prompts: list[list[int]], replies: list[list[int]], pa
     k = shared_prefix_len(prompts) if share_prefix and not ckpt else 0
     if not k:
         ids, mask, rm, L = response_batch(prompts, replies, pad_id)
-        return token_logprobs(model, ids.to(device), mask.to(device), L, temperature=temperature), rm.to(device), L
+        return (token_logprobs(model, ids.to(device), mask.to(device), L, temperature=temperature, full=full),
+                rm.to(device), L)
     ids, mask, rm, L = response_batch([p[k:] for p in prompts], replies, pad_id)  # the rows' own parts
     ids, mask = ids.to(device), mask.to(device)
     cache = prefix_cache(model, prompts[0][:k], B)  # (differentiable: the prefix's gradient is the rows' sum)
-    full = torch.cat([torch.ones((B, k), dtype=mask.dtype, device=device), mask], 1)  # (B, k + T)
-    out = model(input_ids=ids, attention_mask=full, position_ids=k + position_ids(mask), logits_to_keep=L + 1,
+    attn = torch.cat([torch.ones((B, k), dtype=mask.dtype, device=device), mask], 1)  # (B, k + T)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=k + position_ids(mask), logits_to_keep=L + 1,
                 use_cache=True, **{_cache_kwarg(model): cache})
     logits = out.logits[:, :-1].float()  # (B, L, V) predicts each row's last L tokens
     if temperature != 1.0:
         logits = logits / temperature
+    if full:
+        return torch.log_softmax(logits, -1), rm.to(device), L
     return torch.log_softmax(logits, -1).gather(-1, ids[:, -L:].unsqueeze(-1)).squeeze(-1), rm.to(device), L

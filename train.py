@@ -254,9 +254,10 @@ def parse_args(argv=None):
                    help="how each iteration's expert trajectories (dream mode's real share, real mode's --bc-coef) "
                         "are picked: dealt task by task, no demo twice in a pass (supervised.expert_deal), or drawn "
                         "independently at random (runs before d9; one such draw flipped choose-list: docs/dreams.md)")
-    g.add_argument("--expert-loss", choices=["nll", "gspo"], default="nll",
-                   help="how expert trajectories enter the loss: a likelihood term weighted by their share, "
-                        "or GSPO samples with advantage 1 - (the dreams' mean reward)")
+    g.add_argument("--expert-loss", choices=["nll", "kl", "gspo"], default="nll",
+                   help="how expert trajectories enter the loss: a likelihood term weighted by their share; kl: "
+                        "instead KL(start policy || policy) along the experts' replies, same weight (loads the "
+                        "start as a reference model); or GSPO samples with advantage 1 - (the dreams' mean reward)")
     g.add_argument("--replay-every", type=int, default=2,
                    help="every N iterations, replay a sample of dreams on real pages to check the dream reward (0: never)")
     g.add_argument("--replay-samples", type=int, default=4, help="dreams replayed per check and rank")
@@ -461,7 +462,8 @@ def main(argv=None):
                                         gpu_memory_utilization=args.vllm_memory, seed=args.seed + rank,
                                         max_model_len=args.max_prompt_tokens + args.max_new_tokens)
         ref = None
-        if args.kl_coef > 0 or args.log_kl:  # the reference is the run's start: --init (or the base model), never sharded
+        if args.kl_coef > 0 or args.log_kl or (args.mode == "dream" and args.expert_loss == "kl" and args.real_ratio > 0):
+            # the reference is the run's start: --init (or the base model), never sharded
             ref, _ = build_model(args, device, fsdp=False)
             ref.eval().requires_grad_(False)
         if args.mode == "dream":

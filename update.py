@@ -29,7 +29,10 @@ Either way gradient accumulation adds up to the step's loss.
 
 Dream mode adds `nll`, (prompt ids, reply ids) samples of real expert turns, whose token-mean
 negative log-likelihood enters each step with weight `nll_coef` while the RL loss is scaled by
-`rl_scale`: loss = rl_scale * L_rl + nll_coef * L_nll (dream.py says why).
+`rl_scale`: loss = rl_scale * L_rl + nll_coef * L_nll (dream.py says why). With `nll_ref` (a frozen
+model: --expert-loss kl) L_nll is instead the token mean of KL(nll_ref || policy) over the whole
+vocabulary at each position of the expert's reply (teacher-forced): the term holds the reference's
+behaviour on real pages rather than pulling toward the expert's replies.
 """
 from __future__ import annotations
 
@@ -87,12 +90,14 @@ def warmup_lr(lr: float, warmup_steps: int, done: int) -> float:
     return lr * min(1.0, (done + 1) / warmup_steps)
 
 
-def score(model, tok, batch: list[tuple], temperature: float, bf16: bool, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+def score(model, tok, batch: list[tuple], temperature: float, bf16: bool, device,
+          full: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Log-probs of each sample's reply tokens. batch: [(trajectory index, prompt ids, reply ids)].
-    Returns logp (B, L) float32, the reply mask (B, L) (replies right-aligned) and L."""
+    Returns logp (B, L) float32 ((B, L, V), the whole next-token distribution, with `full`), the reply
+    mask (B, L) (replies right-aligned) and L."""
     with policy.autocast(device, bf16):
         logp, rm, L = policy.reply_logprobs(model, [p for _, p, _ in batch], [r for _, _, r in batch],
-                                            tok.pad_token_id, temperature=temperature)
+                                            tok.pad_token_id, temperature=temperature, full=full)
     return logp.float(), rm, L
 
 
@@ -140,18 +145,19 @@ def _right_aligned(rows: list[torch.Tensor], like: torch.Tensor, L: int) -> torc
 
 def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, device, world: int = 1, *,
                   ref=None, nll: list[tuple[list[int], list[int]]] | None = None, nll_coef: float = 0.0,
-                  rl_scale: float = 1.0, seed: int = 0) -> dict:
+                  rl_scale: float = 1.0, seed: int = 0, nll_ref=None) -> dict:
     """Optimizer steps on this rank's trajectories (collective under torchrun: every rank calls it,
     each with its own trajectories, and every rank takes the same number of steps).
 
     ref: a frozen reference model; with cfg.kl_coef > 0 (M-GRPO) its k3 KL enters the loss, and
-    whenever it is given the KL of the trained tokens is logged (loss/kl). seed: the shuffle of
+    whenever it is given the KL of the trained tokens is logged (loss/kl). nll_ref: a frozen model
+    that turns the `nll` term into KL(nll_ref || policy) on the expert replies' positions. seed: the shuffle of
     the passes (the same on every rank is not needed). Returns metrics, counts summed over ranks:
     rollout/reward (mean reward of the trajectories that count), rollout/zero_var_groups (share of
     them in groups with equal rewards), loss/trajectories (counted), loss/trajectories_trained
     (nonzero advantage), loss/updates (optimizer steps), loss/policy, loss/ratio, loss/clip_frac,
     loss/kl, loss/kl_capped (weighted means), loss/grad_norm (last step, before clipping), loss/grad_norm_max
-    (the largest of the iteration's steps: a spike in an early step of several), loss/empty_samples, loss/nll with nll, and loss/lr
+    (the largest of the iteration's steps: a spike in an early step of several), loss/empty_samples, loss/nll with nll (the KL to nll_ref with one), and loss/lr
     (the last step's learning rate) with cfg.warmup_steps.
     """
     nll = nll or []
@@ -259,8 +265,15 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 weight_seen += weight
             for j in range(0, len(nll_chunk), cfg.micro_batch):  # real expert turns: -log p(reply)
                 batch = [(None, p, r) for p, r in nll_chunk[j:j + cfg.micro_batch]]
-                logp, rm, _ = score(model, tok, batch, 1.0, cfg.bf16, device)
-                loss = -(logp * rm).sum() / nll_tok
+                if nll_ref is None:
+                    logp, rm, _ = score(model, tok, batch, 1.0, cfg.bf16, device)
+                    loss = -(logp * rm).sum() / nll_tok
+                else:  # KL(ref || policy) of the next-token distributions along the expert's reply
+                    with torch.no_grad():
+                        ref_full, _, _ = score(nll_ref, tok, batch, 1.0, cfg.bf16, device, full=True)
+                    logp, rm, _ = score(model, tok, batch, 1.0, cfg.bf16, device, full=True)  # (B, L, V)
+                    loss = ((ref_full.exp() * (ref_full - logp)).sum(-1) * rm).sum() / nll_tok
+                    del ref_full
                 (loss * nll_coef).backward()
                 agg["loss/nll"] += loss.item() / n_updates
             distributed.sync_gradients(model, world)

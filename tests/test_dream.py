@@ -153,6 +153,39 @@ def test_nll_term_alone_raises_the_expert_action(tok):
     assert stats["loss/updates"] == 1 and stats["loss/nll"] == pytest.approx(-float((before * rm).sum() / rm.sum()), rel=1e-4)
 
 
+def test_kl_anchor_is_the_full_vocabulary_kl_to_the_reference_along_the_expert_reply(tok):
+    # --expert-loss kl: the expert term is KL(ref || policy) at each position of the expert's reply
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--lr", "1e-3", "--micro-batch", "2"])
+    p, r = expert_turn(tok, "click('12')")
+    p2, r2 = expert_turn(tok, "fill('12', 'hi')")
+    ref, model = policy.tiny_model(tok, seed=1).eval(), policy.tiny_model(tok, seed=2)
+    with torch.no_grad():  # the whole next-token distributions; their gathered entries are the reply log-probs
+        lr_, rm, L = update.score(ref, tok, [(0, p, r), (0, p2, r2)], 1.0, False, "cpu", full=True)
+        lp, _, _ = update.score(model, tok, [(0, p, r), (0, p2, r2)], 1.0, False, "cpu", full=True)
+        lp_tok, _, _ = update.score(model, tok, [(0, p, r), (0, p2, r2)], 1.0, False, "cpu")
+    ids = torch.tensor([[0] * (L - len(x)) + x for x in (r, r2)])
+    assert torch.allclose(lp.gather(-1, ids[..., None])[..., 0] * rm, lp_tok * rm, atol=1e-5)
+    kl = float(((lr_.exp() * (lr_ - lp)).sum(-1) * rm).sum() / rm.sum())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    cfg = train.update_config(args)
+    stats = update.policy_update(model, opt, tok, [], cfg, "cpu", 1, nll=[(p, r), (p2, r2)], nll_coef=1.0,
+                                 rl_scale=0.0, nll_ref=ref)
+    assert kl > 0.01 and stats["loss/nll"] == pytest.approx(kl, rel=1e-4)
+    for _ in range(5):
+        last = update.policy_update(model, opt, tok, [], cfg, "cpu", 1, nll=[(p, r), (p2, r2)], nll_coef=1.0,
+                                    rl_scale=0.0, nll_ref=ref)["loss/nll"]
+    assert last < kl / 2  # the policy moved toward the reference
+    same = policy.tiny_model(tok, seed=1)  # the policy is the reference: a zero loss and a zero gradient
+    w = [t.detach().clone() for t in same.parameters()]  # (plain SGD: AdamW would blow float noise up to lr)
+    st = update.policy_update(same, torch.optim.SGD(same.parameters(), lr=1.0), tok, [], cfg, "cpu", 1,
+                              nll=[(p, r)], nll_coef=1.0, rl_scale=0.0, nll_ref=ref)
+    assert st["loss/nll"] == pytest.approx(0.0, abs=1e-6)
+    assert all(torch.allclose(a, b.detach(), atol=1e-5) for a, b in zip(w, same.parameters()))
+    args.expert_loss = "kl"
+    with pytest.raises(ValueError, match="needs the reference model"):
+        dream.dream_update(model, opt, tok, [], [], args, cfg, "cpu", 1, seed=0)
+
+
 def test_an_advantage_key_overrides_the_group_advantage(tok):
     model = policy.tiny_model(tok)
     args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--lr", "1e-3"])
@@ -166,7 +199,7 @@ def test_an_advantage_key_overrides_the_group_advantage(tok):
     assert stats["loss/trajectories_trained"] == 1 and stats["loss/updates"] == 1
 
 
-@pytest.mark.parametrize("expert_loss", ["nll", "gspo"])
+@pytest.mark.parametrize("expert_loss", ["nll", "gspo", "kl"])
 def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
     wm_dir = str(tmp_path / "wm")
     m = policy.tiny_model(tok, seed=1)
@@ -186,7 +219,8 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                        # trains with M-GRPO and a KL penalty to its start (the reference model)
                        + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
                           # and first probes the start policy on real pages (dream.probe_tasks)
-                          ["--loss", "mgrpo", "--kl-coef", "0.1", "--probe-seeds", "1"]),
+                          ["--loss", "mgrpo", "--kl-coef", "0.1", "--probe-seeds", "1"] if expert_loss == "nll" else
+                          []),  # kl: the reference model is built for the expert term alone
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = read_jsonl(os.path.join(out, "metrics.jsonl"))
@@ -202,7 +236,9 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
         assert not probe_rows and ms[0]["env/real_steps"] == 0
     assert ms[1]["env/real_steps"] > ms[0]["env/real_steps"]  # the replay check uses a browser
     assert "dream/replay_contradiction" in ms[1] and "dream/replay_contradiction" not in ms[0]
-    if expert_loss == "nll":
+    if expert_loss == "kl":  # the run built its reference (dream_update raises without one); iteration 1 starts on it
+        assert ms[0]["loss/nll"] == pytest.approx(0.0, abs=1e-6) and ms[1]["loss/nll"] > -1e-6
+    elif expert_loss == "nll":
         assert all(x["loss/nll"] > 0 and x["dream/real_share"] == 0.5 for x in ms)
         # iteration 1's likelihood step moved the policy off its start: iteration 2's KL to the reference acts
         assert ms[1]["loss/kl"] > 0
