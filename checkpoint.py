@@ -42,6 +42,28 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def checkpoint_bytes(model, optimizer) -> int:
+    """Bytes a checkpoint of `model` and `optimizer` takes on disk, about: every parameter at its dtype's
+    size plus every tensor of the optimizer's state (Adam: two fp32 moments a parameter). Global sizes
+    under --fsdp (a DTensor's numel is the full tensor's)."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    for state in optimizer.state.values():
+        n += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
+    return n
+
+
+def check_disk(out: str, need: int, name: str, free: int) -> None:
+    """Raise OSError, before anything is written, when `free` bytes (on the file system holding `out`) are
+    less than `need` plus 5%: a half-written checkpoint is a lost one, and the error says how much is
+    missing and that the newest complete checkpoint (out/latest) is intact for --resume."""
+    if free < need * 1.05:
+        latest = latest_checkpoint(out)
+        raise OSError(28, f"not enough disk to write checkpoint {name} in {out}: it needs about {need / 1e9:.2f} GB, "
+                          f"{free / 1e9:.2f} GB are free. Nothing was written; "
+                          + (f"the newest complete checkpoint is {latest}: free space (old run folders, "
+                             f"--keep-ckpts) and rerun with --resume" if latest else "no checkpoint exists yet"))
+
+
 def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int,
                     rank: int = 0, world: int = 1, settings: dict | None = None) -> None:
     """Write out/name atomically (a temp folder, then rename) and point out/latest at it; keep only
@@ -50,7 +72,15 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
     Collective: every rank calls it (each rank's RNG state is gathered so that a resumed run
     draws what an uninterrupted one would); rank 0 writes. `settings` (the prompt format the
     model was trained with) goes to webdream.json, which eval.py reads.
+
+    Raises OSError (errno 28) on every rank, before writing, when out's disk lacks room for the
+    checkpoint (`check_disk`; rank 0's reading of the free space is broadcast, so all ranks agree).
     """
+    os.makedirs(out, exist_ok=True)
+    free = [shutil.disk_usage(out).free]
+    if world > 1:
+        dist.broadcast_object_list(free, src=0)
+    check_disk(out, checkpoint_bytes(model, optimizer), name, free[0])
     rngs = [None] * world
     if world > 1:
         dist.all_gather_object(rngs, rng_state())

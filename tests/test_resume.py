@@ -152,3 +152,31 @@ def test_a_resumed_run_refuses_a_flag_that_would_change_the_run(tmp_path, init_c
     with pytest.raises(SystemExit):
         train.parse_args(["--mode", "real", "--out", out, "--resume", "--reward", "grounded"])
     assert "--reward did not exist when this run started" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_does_not_fit_raises_before_writing(tmp_path, tok, model, monkeypatch):
+    # a full disk mid-write lost a dream run's final checkpoint once: the check must come first, name the
+    # shortfall, and leave the newest complete checkpoint (and out/latest) as they were
+    import shutil
+
+    import torch
+
+    import checkpoint
+
+    out = str(tmp_path / "run")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()  # Adam's two moments now exist: they count
+    need = checkpoint.checkpoint_bytes(model, opt)
+    params = sum(p.numel() for p in model.parameters())
+    assert need == params * model.dtype.itemsize + 2 * params * 4 + 4 * len(opt.state)  # + Adam's step counters
+    checkpoint.save_checkpoint(out, "step-000001", model, tok, opt, 1, {}, keep=2)
+    usage = shutil.disk_usage(out)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=need))  # short by the 5% margin
+    with pytest.raises(OSError, match="not enough disk to write checkpoint step-000002.*step-000001.*--resume"):
+        checkpoint.save_checkpoint(out, "step-000002", model, tok, opt, 2, {}, keep=2)
+    assert sorted(os.listdir(out)) == ["latest", "step-000001"]
+    assert checkpoint.latest_checkpoint(out) == os.path.join(out, "step-000001")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=int(need * 1.06)))
+    checkpoint.save_checkpoint(out, "step-000002", model, tok, opt, 2, {}, keep=2)
+    assert checkpoint.latest_checkpoint(out) == os.path.join(out, "step-000002")
