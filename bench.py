@@ -99,7 +99,7 @@ def step_memory(mode: str, turn: int, ckpt: str):
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     prompt = compress.build_prompt(tok, hist[:turn - 1], hist[turn - 1]["observation"], compress=mode == "compressed",
                                    max_tokens=100_000)
-    reply = compress.encode_text(tok, hist[turn - 1]["response"]) + [tok.eos_token_id]
+    reply = compress.encode_reply(tok, hist[turn - 1]["response"])
     ids, mask, rm, L = policy.response_batch([prompt], [reply], tok.pad_token_id)
     t0 = time.perf_counter()
     lp = policy.token_logprobs(model, ids, mask, L)

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import compress
 import env as webenv
 import experts
 import generators
@@ -58,7 +59,7 @@ class ExpertReplies:
                 reply = experts.expert_action(obs.url.rsplit("/", 1)[-1].removesuffix(".html"), obs, self.rng)
             except Exception:
                 reply = random_action(obs, self.rng)
-            ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.eos_token_id]
+            ids = compress.encode_reply(self.tok, reply)
             out.append(policy.Sample(ids=ids, logprobs=[0.0] * len(ids), text=reply))
         return out
 

@@ -81,6 +81,14 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
 
+def encode_reply(tokenizer, text: str) -> list[int]:
+    """Token ids of a reply as the model must produce it to end its turn: `encode_text(text)` (untrusted:
+    an `<|im_end|>` written inside it stays ordinary characters) followed by the one end-of-turn id
+    (tokenizer.eos_token_id). The target of every teacher-forced term: BC, the world model's Δ, the
+    judge's verdict, and the scoring of recorded replies."""
+    return encode_text(tokenizer, text) + [tokenizer.eos_token_id]
+
+
 def _template_ids(tokenizer, messages: list[dict]) -> list[int]:
     enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)

@@ -70,7 +70,7 @@ def prompts_and_replies(tok, demos: str, n: int) -> list[tuple[list[int], list[i
     for t in read_jsonl(demos)[:n]:
         turn = t["turns"][0]
         out.append((settings.build(tok, [], turn["observation"]),
-                    compress.encode_text(tok, turn["action"]) + [tok.eos_token_id]))
+                    compress.encode_reply(tok, turn["action"])))
     return out
 
 

@@ -196,9 +196,8 @@ def judge_samples(transitions: list[dict], trajectories: list[dict], tokenizer,
                   max_tokens: int = 1024) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) for train.py --mode judge: the answer is `yes` or `no` then the
     end-of-turn id, the prompt judge_prompt's (compressed to max_tokens, never skipped)."""
-    eos = tokenizer.eos_token_id
     return [(judge_prompt(tokenizer, *view, max_tokens=max_tokens),
-             compress.encode_text(tokenizer, "yes" if label else "no") + [eos])
+             compress.encode_reply(tokenizer, "yes" if label else "no"))
             for view, label in labelled_views(transitions, trajectories)]
 
 

@@ -46,7 +46,7 @@ def summed_logprobs(model, tok, prompt: list[int], replies: list[str]) -> list[f
     """log p(reply | prompt) under `model` for each reply text, in nats: its tokens' log-probs summed,
     the reply encoded as untrusted text (compress.encode_text) plus the end-of-turn token, as BC
     trains on it. One forward pass of batch len(replies), no gradients."""
-    ids = [compress.encode_text(tok, r) + [tok.eos_token_id] for r in replies]
+    ids = [compress.encode_reply(tok, r) for r in replies]
     with torch.no_grad():
         logp, mask, _ = policy.reply_logprobs(model, [prompt] * len(replies), ids, tok.pad_token_id)
     return (logp * mask).sum(-1).tolist()

@@ -79,14 +79,13 @@ def expert_turns(traj: dict, tokenizer, args) -> list[tuple[list[int], list[int]
     """(prompt ids, reply ids + end-of-turn) for each turn of one expert trajectory, prompts built
     with args.prompt (compress.PromptSettings); with args.prompt.think a grounded thought comes
     before each action."""
-    eos = tokenizer.eos_token_id
     history, out = [], []
     for turn in traj["turns"]:
         prompt = args.prompt.build(tokenizer, history, turn["observation"])
         response = turn.get("response") or turn["action"]
         if args.prompt.think and not turn.get("response"):  # the thinking format: a short grounded thought first
             response = experts.thought_reply(turn["observation"], turn["action"])
-        out.append((prompt, compress.encode_text(tokenizer, response) + [eos]))
+        out.append((prompt, compress.encode_reply(tokenizer, response)))
         history.append({"observation": turn["observation"], "response": response})
     return out
 

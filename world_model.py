@@ -102,11 +102,10 @@ def wm_samples(transitions: list[dict], tokenizer, max_tokens: int = 1024) -> li
     transition whose prompt + target exceeds `max_tokens` is skipped (cutting the tree would make
     the label refer to lines the prompt no longer shows); the number skipped is logged.
     """
-    eos = tokenizer.eos_token_id
     out, skipped = [], 0
     for t in transitions:
         prompt = compress.render(tokenizer, wm_messages(t["goal"], t["obs"], t["action"]))
-        target = compress.encode_text(tokenizer, delta_label(t)) + [eos]
+        target = compress.encode_reply(tokenizer, delta_label(t))
         if len(prompt) + len(target) > max_tokens:
             skipped += 1
             continue

@@ -111,6 +111,15 @@ def test_page_text_cannot_forge_a_turn(tok):
     assert len(ids) <= 120 and control_counts(tok, ids) == {"<|im_start|>": 3, "<|im_end|>": 2}
 
 
+def test_a_reply_target_ends_its_turn_once_whatever_its_text_says(tok):
+    # compress.encode_reply is every teacher-forced target (BC, the world model's Δ, the judge, reply scoring)
+    every = "".join(t.content for t in tok.added_tokens_decoder.values() if t.special)
+    for text in (FORGED + every, "click('12')", ""):
+        ids = compress.encode_reply(tok, text)
+        assert control_counts(tok, ids[:-1]) == {} and ids[-1] == tok.eos_token_id
+        assert tok.decode(ids[:-1]) == text
+
+
 def test_ordinary_text_gives_the_templates_own_ids(tok):
     # every real observation of tests/data/transitions.jsonl, alone and as multi-turn histories, both
     # routes of render: exactly what apply_chat_template(tokenize=True) gives (greedy behaviour unchanged)

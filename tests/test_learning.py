@@ -49,7 +49,7 @@ class OneStepPage:
 
 def action_probs(model, tok, prompt):
     """p(each of ACTIONS + end of turn | prompt) under the model (temperature 1)."""
-    batch = [(0, prompt, compress.encode_text(tok, a) + [tok.eos_token_id]) for a in ACTIONS]
+    batch = [(0, prompt, compress.encode_reply(tok, a)) for a in ACTIONS]
     with torch.no_grad():
         logp, rm, _ = update.score(model, tok, batch, 1.0, False, "cpu")
     return torch.tensor([math.exp(float((logp[i] * rm[i]).sum())) for i in range(len(ACTIONS))])
@@ -58,7 +58,7 @@ def action_probs(model, tok, prompt):
 def warm_up(model, tok, prompt):
     """Supervised steps on the four actions, equally: the tiny model learns the format, not the answer."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    batch = [(0, prompt, compress.encode_text(tok, a) + [tok.eos_token_id]) for a in ACTIONS]
+    batch = [(0, prompt, compress.encode_reply(tok, a)) for a in ACTIONS]
     for _ in range(150):
         logp, rm, _ = update.score(model, tok, batch, 1.0, False, "cpu")
         loss = -(logp * rm).sum() / rm.sum()

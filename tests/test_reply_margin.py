@@ -32,7 +32,7 @@ def test_the_margin_is_the_difference_of_summed_reply_log_probs(tok):
     (m,) = reply_margin.margins(model, tok, [(prompt, REPLY, alt)])
 
     def full(reply):  # one plain forward pass over prompt + reply, no shared prefix, no padding
-        r = compress.encode_text(tok, reply) + [tok.eos_token_id]
+        r = compress.encode_reply(tok, reply)
         with torch.no_grad():
             logp = model(torch.tensor([prompt + r])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
         return logp.gather(1, torch.tensor(r)[:, None]).sum().item()
