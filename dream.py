@@ -192,7 +192,7 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
                       iterations: list[int] | None = None, progress: bool = False,
                       judge_p: Callable[[list[dict]], list[float]] | None = None,
                       thresholds: tuple[float, ...] = (0.5,), records: list | None = None,
-                      max_stage: int | None = None) -> dict:
+                      max_stage: int | None = None, labelled: list | None = None) -> dict:
     """Replay every imagined trajectory of a dreams-rank{R}.jsonl file (dream_record's lines) on real
     pages and score dream rewards against the real outcome: how often the reward the policy was
     trained on was true (DynaWeb's r(τ̂, q) checked against the environment it imitates), and how
@@ -215,7 +215,9 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
     false_positive, false_negative, precision (true among rewarded, None when none), recall (rewarded
     among real successes, None when none), real_steps, ranked_pairs, ranked_right, ranking}}}.
     records: when a list, one dict per dream is appended (task, seed, iteration, group, real_success
-    (None when the start page was not reproduced) and each reward's score). Raises FileNotFoundError
+    (None when the start page was not reproduced) and each reward's score). labelled: when a list,
+    each dream's own line is appended with real_success added (a trajectory file that train.py
+    --mode judge --judge-trajectories learns real outcomes of imagined pages from). Raises FileNotFoundError
     for a missing file, ValueError for a task without recorded start states.
     """
     states = transitions.start_states(read_jsonl(transitions_path), max_stage=max_stage)
@@ -243,6 +245,8 @@ def replay_dream_file(path: str, transitions_path: str, *, tasks: list[str] | No
     if records is not None:
         records += [{**{k: r.get(k) for k in ("task", "seed", "iteration", "group")}, "real_success": success,
                      **{name: s[i] for name, s in scores.items()}} for i, (r, (success, _)) in enumerate(zip(rows, real))]
+    if labelled is not None:
+        labelled += [{**r, "real_success": success} for r, (success, _) in zip(rows, real)]
     keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
             "real_steps", "ranked_pairs", "ranked_right")
     out: dict[str, dict[str, dict]] = {}
@@ -308,7 +312,7 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
 
     return judge.judge_dreams(judge_model, judge_tok, trajs, threshold=args.judge_threshold,
                               max_tokens=args.max_prompt_tokens, bf16=bool(args.bf16) and device.type == "cuda",
-                              graded=args.dream_reward == "judge-p")
+                              graded=args.dream_reward == "judge-p", targets=judge.shows_targets(args.judge))
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,
@@ -494,6 +498,9 @@ if __name__ == "__main__":
                     "--max-prompt-tokens)")
     ap.add_argument("--out", default="", help="also write the counts here as JSON, and each dream's scores and "
                     "real outcome beside it (<out>_dreams.jsonl)")
+    ap.add_argument("--labelled", default="", help="also write each replayed dream's line with its real outcome "
+                    "(real_success) here: imagined trajectories with real labels, for train.py --mode judge "
+                    "--judge-trajectories")
     ap.add_argument("--max-stage", type=int, default=None, help="the run's --dream-max-stage (default: read from the "
                     "args.json beside --replay, else every stage)")
     a = ap.parse_args()
@@ -505,11 +512,12 @@ if __name__ == "__main__":
         import judge
 
         jm, jtok = policy.load_model(a.judge)
-        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=a.max_tokens)  # noqa: E731
+        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=a.max_tokens,  # noqa: E731
+                                                        targets=judge.shows_targets(a.judge))
     res = replay_dream_file(a.replay, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
                             iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True,
                             judge_p=judge_p, thresholds=tuple(float(t) for t in a.thresholds.split(",") if t),
-                            records=(records := []), max_stage=a.max_stage)
+                            records=(records := []), max_stage=a.max_stage, labelled=(labelled := []))
     for reward, table in res.items():
         print(f"\nreward: {reward}\n")
         print("| task | dreams | start reproduced | rewarded | real successes | rewarded and real | rewarded, not real | "
@@ -525,4 +533,7 @@ if __name__ == "__main__":
             json.dump(res, f, indent=1)
         with open(os.path.splitext(a.out)[0] + "_dreams.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
+    if a.labelled:
+        with open(a.labelled, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in labelled)
     print(json.dumps(res))

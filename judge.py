@@ -15,10 +15,18 @@ submitted in the dream). The verdict is P(yes), from one forward pass: the softm
 answer tokens at the reply's first position; the reward is 1 when P(yes) > threshold, or
 with --dream-reward judge-p P(yes) itself (graded: a group's dreams ranked by it, docs/dreams.md).
 
+Each action is shown with the line of the page it acted on (`Action 2: click('34') on [34] link 'Id'`,
+action_target): whether a click hit the link the goal names is then a match of two strings on one
+line, not a lookup of a bid across a page (a 135M judge without it said no to every click-tab-2
+completion, docs/dreams.md "d14"). Judges trained before this existed read their format from
+their webdream.json (`shows_targets`).
+
 The prompt fits a token budget: the oldest pages give way to a placeholder first (every action
 stays), then the final page's tree is cut from its end. Labels are real outcomes (`judge_samples`):
 every prefix of every recorded real episode (transitions.jsonl; trajectory records of real or
-expert episodes), labelled with whether the task was complete right after its last action. It is
+expert episodes), labelled with whether the task was complete right after its last action, and
+dreams whose actions were replayed on real pages (`python dream.py --replay ... --labelled`),
+labelled with the replay's outcome: imagined pages, real labels. It is
 trained by supervised.py (-log p(answer | prompt)) like the world model.
 """
 from __future__ import annotations
@@ -57,13 +65,43 @@ def trajectory_view(traj: dict) -> tuple[str, list[str], list[str], str | None]:
             page_text(final, goal) if final is not None else None)
 
 
+def action_target(page: str, action: str) -> str | None:
+    """The line of `page` (a flattened tree, axtree.flatten_axtree's text) that `action` acts on, stripped:
+    action_target("[34] link 'Id'", "click('34')") -> "[34] link 'Id'". The action is untrusted model
+    text (a reply, thought included, or a parsed action): actions.parse_action reads it, nothing runs
+    it. None when it does not parse, its first argument is not a bid string, or no line has that bid."""
+    import actions
+    from axtree import line_bid
+
+    try:
+        _, args = actions.split_action(actions.parse_action(action))
+    except (actions.ActionParseError, SyntaxError, ValueError):
+        return None
+    if not args or not isinstance(args[0], str):
+        return None
+    return next((line.strip() for line in page.split("\n") if line_bid(line) == args[0]), None)
+
+
+def shows_targets(path: str | None) -> bool:
+    """Whether the judge checkpoint folder `path` was trained with each action's target line shown
+    (its webdream.json's judge_targets): judges written before the setting existed were not; a model
+    without a webdream.json (the base model, --tiny) gets the current format, True."""
+    import checkpoint
+
+    saved = checkpoint.saved_settings(path)
+    return True if saved is None else bool(saved.get("judge_targets", False))
+
+
 def judge_messages(goal: str, pages: list[str], actions: list[str], final: str | None, *, omit: int = 0,
-                   final_lines: int | None = None) -> list[dict]:
+                   final_lines: int | None = None, targets: bool = True) -> list[dict]:
     """Chat messages asking whether the actions completed the goal. The oldest `omit` pages are
-    shown as a placeholder; final_lines: show only the first lines of the final page."""
+    shown as a placeholder (each action keeps its target line); final_lines: show only the first
+    lines of the final page; targets: each action followed by `on <line it acted on>` (action_target)."""
     parts = [f"Goal: {goal}"]
     for i, (page, action) in enumerate(zip(pages, actions)):
-        parts += [f"Page {i + 1}:", OMITTED if i < omit else page, f"Action {i + 1}: {action}"]
+        line = action_target(page, action) if targets else None
+        parts += [f"Page {i + 1}:", OMITTED if i < omit else page,
+                  f"Action {i + 1}: {action}" + (f" on {line}" if line else "")]
     if final is not None:
         parts += ["Final page:", final if final_lines is None else "\n".join(final.split("\n")[:final_lines])]
     parts.append("Did the actions complete the goal?")
@@ -71,17 +109,19 @@ def judge_messages(goal: str, pages: list[str], actions: list[str], final: str |
 
 
 def judge_prompt(tokenizer, goal: str, pages: list[str], actions: list[str], final: str | None,
-                 max_tokens: int = 1024) -> list[int]:
-    """Prompt ids for the judge, at most `max_tokens` long (oldest pages omitted first, then the final
-    page cut from its end). Raises ValueError if even that does not fit."""
+                 max_tokens: int = 1024, targets: bool = True) -> list[int]:
+    """Prompt ids for the judge (judge_messages; targets: show each action's target line), at most
+    `max_tokens` long (oldest pages omitted first, then the final page cut from its end). Raises
+    ValueError if even that does not fit."""
     for omit in range(len(pages) + 1):
-        ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=omit))
+        ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=omit, targets=targets))
         if len(ids) <= max_tokens:
             return ids
     n = len(final.split("\n")) if final is not None else 0
     while n > 0:
         n = max(0, min(n - 1, n * max_tokens // len(ids)))
-        ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=len(pages), final_lines=n))
+        ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=len(pages), final_lines=n,
+                                                         targets=targets))
         if len(ids) <= max_tokens:
             return ids
     raise ValueError(f"max_tokens={max_tokens} cannot hold the judge prompt of {len(pages)} actions")
@@ -113,20 +153,22 @@ def judge_scores(model, tokenizer, prompts: list[list[int]], *, batch_size: int 
 
 
 def judge_trajectories(model, tokenizer, trajs: list[dict], *, max_tokens: int = 1024, batch_size: int = 8,
-                       bf16: bool = False) -> list[float]:
-    """P(yes) for each trajectory record (trajectory_view, judge_prompt, judge_scores)."""
-    prompts = [judge_prompt(tokenizer, *trajectory_view(t), max_tokens=max_tokens) for t in trajs]
+                       bf16: bool = False, targets: bool = True) -> list[float]:
+    """P(yes) for each trajectory record (trajectory_view, judge_prompt, judge_scores); targets: the
+    judge's format (shows_targets of its checkpoint)."""
+    prompts = [judge_prompt(tokenizer, *trajectory_view(t), max_tokens=max_tokens, targets=targets) for t in trajs]
     return judge_scores(model, tokenizer, prompts, batch_size=batch_size, bf16=bf16)
 
 
 def judge_dreams(model, tokenizer, trajs: list[dict], *, threshold: float = 0.5, max_tokens: int = 1024,
-                 batch_size: int = 8, bf16: bool = False, graded: bool = False) -> dict:
+                 batch_size: int = 8, bf16: bool = False, graded: bool = False, targets: bool = True) -> dict:
     """Reward the dreams with the judge, in place: each finished dream (no env_error, at least one
     turn) gets judge_p (P(yes)), done_success (the world model's `done: yes`, kept), and success
     from judge_p > threshold; its reward is that success (0 or 1), or with graded judge_p itself.
     Returns {judge/yes_share, judge/agree_with_done, judge/n, judge/mean_p}."""
     live = [t for t in trajs if not t["env_error"] and t["turns"]]
-    ps = judge_trajectories(model, tokenizer, live, max_tokens=max_tokens, batch_size=batch_size, bf16=bf16)
+    ps = judge_trajectories(model, tokenizer, live, max_tokens=max_tokens, batch_size=batch_size, bf16=bf16,
+                            targets=targets)
     for t, p in zip(live, ps):
         t["done_success"] = bool(t.get("done_success", t["success"]))
         t["judge_p"] = p
@@ -174,13 +216,19 @@ def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> li
     whether the task was complete right after the prefix's last action.
 
     transitions: transition_views (the recorded page after each action). trajectories: records of real or expert episodes
-    (dreams and env_error ones are left out; their labels are not real outcomes): each prefix that
+    (env_error ones and dreams are left out: a dream's own success is not a real outcome), and
+    dreams that carry `real_success` (a bool: dream.py --replay's --labelled file), whole, labelled
+    with it (the page after an imagined action is imagined, its label real). Of a real episode, each prefix that
     the episode went on after (the next turn's page is its final page, label no, since a MiniWoB
     episode ends at success), and the whole episode, labelled with its success, when its
     final_observation was recorded (a view without a final page would teach the judge that its
     absence means something)."""
     out = [(view, label) for _, view, label in transition_views(transitions)]
     for traj in trajectories:
+        if traj.get("source") == "dream" and isinstance(traj.get("real_success"), bool) and traj.get("turns") \
+                and not traj.get("env_error"):
+            out.append((trajectory_view(traj), traj["real_success"]))
+            continue
         if traj.get("source") not in ("real", "expert") or traj.get("env_error") or not traj.get("turns"):
             continue
         turns = traj["turns"]
@@ -195,8 +243,9 @@ def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> li
 def judge_samples(transitions: list[dict], trajectories: list[dict], tokenizer,
                   max_tokens: int = 1024) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) for train.py --mode judge: the answer is `yes` or `no` then the
-    end-of-turn id, the prompt judge_prompt's (compressed to max_tokens, never skipped)."""
-    return [(judge_prompt(tokenizer, *view, max_tokens=max_tokens),
+    end-of-turn id, the prompt judge_prompt's (compressed to max_tokens, never skipped; with each
+    action's target line, the format train.py records as judge_targets)."""
+    return [(judge_prompt(tokenizer, *view, max_tokens=max_tokens, targets=True),
              compress.encode_reply(tokenizer, "yes" if label else "no"))
             for view, label in labelled_views(transitions, trajectories)]
 
@@ -214,16 +263,18 @@ def rates(pred: list[bool], labels: list[bool]) -> dict:
 
 def evaluate_judge(model, tokenizer, transitions: list[dict], trajectories: list[dict] = (), *,
                    imagined: dict | None = None, threshold: float = 0.5, max_tokens: int = 1024, batch_size: int = 8,
-                   predictions: list | None = None) -> dict:
+                   predictions: list | None = None, targets: bool = True) -> dict:
     """The judge on real outcomes (labelled_views): rates() at `threshold`. imagined: {key: predicted
     Δ} of a world model (transition_views): each transition's final page is the imagined one, and
     trajectories are not scored. `predictions`, a list, receives {task, seed, step, action, label,
-    p_yes} for each scored transition, in order (trajectory prefixes have no key and are left out)."""
+    p_yes} for each scored transition, in order (trajectory prefixes have no key and are left out).
+    targets: the judge's format (shows_targets of its checkpoint)."""
     keyed = transition_views(transitions, imagined)
     views = [(v, y) for _, v, y in keyed]
     if imagined is None:
         views += labelled_views([], trajectories)
-    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens) for v, _ in views],
+    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens, targets=targets)
+                                         for v, _ in views],
                       batch_size=batch_size)
     if predictions is not None:
         predictions.extend({"task": k[0], "seed": k[1], "step": k[2], "action": k[3], "label": y, "p_yes": p}
@@ -277,7 +328,7 @@ if __name__ == "__main__":
     preds: list[dict] = []
     res = evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold, max_tokens=a.max_tokens,
                          imagined={transition_key(r): r["predicted"] for r in wm} if wm else None,
-                         predictions=preds)
+                         predictions=preds, targets=shows_targets(a.eval))
     res["by_threshold"] = {th: rates([r["p_yes"] > th for r in preds], [r["label"] for r in preds])
                            for th in (0.5, 0.7, 0.9, 0.95, 0.99)}
     if wm:

@@ -364,6 +364,8 @@ def parse_args(argv=None):
                             "bid_last": args.bid_last,
                             "max_prompt_tokens": args.max_prompt_tokens, "max_steps": args.max_steps,
                             "max_new_tokens": args.max_new_tokens}
+    if args.mode == "judge":  # and the judge's view (judge.shows_targets reads it)
+        args.prompt_settings["judge_targets"] = True
     if args.mode == "wm":  # and the Δ format a world model learns (world_model.check_delta_format reads it)
         import world_model
 

@@ -500,9 +500,10 @@ def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
     rows = [rec(ep[2]["action"], 1.0, True, 0.95), rec("click('21')", 1.0, False, 0.7),
             rec(ep[2]["action"], 0.0, True, 0.2), {**rec("click('21')", 1.0, True, 0.9), "iteration": 2}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    records = []
+    records, labelled = [], []
     res = dream.replay_dream_file(str(path), DATA, iterations=[1], judge_p=lambda rs: [r["p"] for r in rs],
-                                  thresholds=(0.5, 0.9), records=records)
+                                  thresholds=(0.5, 0.9), records=records, labelled=labelled)
+    assert labelled == [{**r, "real_success": ok} for r, ok in zip(rows[:3], (True, False, True))]
     assert list(res) == ["trained", "done", "judge>0.5", "judge>0.9", "judge-p"]
     assert [(r["real_success"], r["trained"], r["judge-p"]) for r in records] == [(True, 1.0, 0.95), (False, 1.0, 0.7),
                                                                                   (True, 0.0, 0.2)]

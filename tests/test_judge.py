@@ -8,6 +8,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import checkpoint  # noqa: E402
 import compress  # noqa: E402
 import dream  # noqa: E402
 import judge  # noqa: E402
@@ -44,18 +45,38 @@ def dream_record(done_success=False):
 def test_the_judge_sees_the_goal_the_real_context_and_the_imagined_pages(tok):
     text = tok.decode(judge.judge_prompt(tok, *judge.trajectory_view(dream_record())))
     assert text.count(GOAL) == 1  # the goal once, not once per page
-    assert ("Page 1:\nURL: miniwob/enter-text.html\n[14] textbox\n[15] button 'Submit'\nAction 1: fill('14', 'Myron')\n"
+    assert ("Page 1:\nURL: miniwob/enter-text.html\n[14] textbox\n[15] button 'Submit'\n"
+            "Action 1: fill('14', 'Myron') on [14] textbox\n"
             "Page 2:\nURL: miniwob/enter-text.html\n[14] textbox value='Myron'\n[15] button 'Submit'\n"
-            "Action 2: click('15')\nFinal page:\nURL: miniwob/enter-text.html\n[14] textbox value='Myron'\n"
+            "Action 2: click('15') on [15] button 'Submit'\nFinal page:\nURL: miniwob/enter-text.html\n[14] textbox value='Myron'\n"
             "[15] button 'Submit', focused\nStaticText 'Sent (imagined)'\nDid the actions complete the goal?") in text
     assert text.startswith("<|im_start|>system\n" + judge.JUDGE_SYSTEM_PROMPT)
+
+
+def test_each_action_shows_the_line_it_acted_on_and_old_judges_keep_their_format(tok, tmp_path):
+    page_ = "URL: x\n[17] tablist\n [33] link 'Tab #3', selected\n[34] generic 'Proin'\n  [35] textbox value='34'"
+    assert judge.action_target(page_, "click('34')") == "[34] generic 'Proin'"
+    assert judge.action_target(page_, "<think>the word</think>\nclick('33')") == "[33] link 'Tab #3', selected"
+    assert judge.action_target(page_, "fill('35', 'a')") == "[35] textbox value='34'"
+    # no target: a bid not on the page, an action without a bid, a reply that does not parse
+    assert [judge.action_target(page_, a) for a in ("click('99')", "scroll(0, 100)", "click(34", "34")] == [None] * 4
+    view = judge.trajectory_view(dream_record())
+    old = tok.decode(judge.judge_prompt(tok, *view, targets=False))
+    assert "Action 1: fill('14', 'Myron')\nPage 2:" in old and " on [" not in old
+    # a judge checkpoint says which format it learnt; one written before the setting: without targets
+    assert judge.shows_targets(None) is True and judge.shows_targets(str(tmp_path)) is True  # no webdream.json
+    (tmp_path / "webdream.json").write_text(json.dumps({"step": 49, "think": True}))
+    assert judge.shows_targets(str(tmp_path)) is False
+    (tmp_path / "webdream.json").write_text(json.dumps({"step": 49, "judge_targets": True}))
+    assert judge.shows_targets(str(tmp_path)) is True
 
 
 def test_the_budget_omits_the_oldest_pages_first_then_cuts_the_final_page(tok):
     view = judge.trajectory_view(dream_record())
     full = judge.judge_prompt(tok, *view, max_tokens=4096)
     text = tok.decode(judge.judge_prompt(tok, *view, max_tokens=len(full) - 5))
-    assert f"Page 1:\n{judge.OMITTED}\nAction 1: fill('14', 'Myron')\nPage 2:\nURL:" in text  # every action stays
+    # every action stays, with its target line
+    assert f"Page 1:\n{judge.OMITTED}\nAction 1: fill('14', 'Myron') on [14] textbox\nPage 2:\nURL:" in text
     goal, pages, actions, final = view
     long_final = final + "".join(f"\n[{100 + i}] button 'line {i}'" for i in range(60))
     ids = judge.judge_prompt(tok, goal, pages, actions, long_final, max_tokens=len(full) + 100)
@@ -83,6 +104,16 @@ def test_the_dream_reward_is_the_judges_verdict(tok, answer, done_success, rewar
     trajs = [dream_record(done_success)]
     assert dream.reward_dreams(trajs, m, tok, args, policy.torch.device("cpu")) == {}
     assert (trajs[0]["reward"], trajs[0]["done_success"]) == (float(done_success), done_success)
+
+
+def test_the_dream_reward_prompts_each_judge_in_the_format_it_learnt(tok, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(judge, "judge_scores", lambda m, t, prompts, **k: seen.extend(map(t.decode, prompts)) or [0.5])
+    for saved, shown in (({"step": 49}, False), ({"step": 9, "judge_targets": True}, True)):
+        (tmp_path / "webdream.json").write_text(json.dumps(saved))
+        args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge", "--judge", str(tmp_path)])
+        dream.reward_dreams([dream_record()], object(), tok, args, policy.torch.device("cpu"))
+        assert ("Action 2: click('15') on [15] button 'Submit'" in seen[-1]) is shown
 
 
 def test_the_graded_dream_reward_is_the_judges_p_yes(tok):
@@ -123,6 +154,12 @@ def test_labels_are_real_outcomes_of_every_prefix():
     views = judge.labelled_views([], [rec, dict(rec, final_observation=None), dict(rec, source="dream")])
     assert [y for _, y in views] == [False, True, False]
     assert views[0][0][3] == judge.page_text(rec["turns"][1]["observation"], GOAL)
+    # a dream is learnt from only with the real outcome of its replay (dream.py --replay --labelled), whole
+    dreams = [dict(dream_record(True), real_success=False), dict(dream_record(False), real_success=True),
+              dream_record(True), dict(dream_record(True), real_success=None),
+              dict(dream_record(True), real_success=True, env_error=True)]
+    views = judge.labelled_views([], dreams)
+    assert [y for _, y in views] == [False, True] and views[0][0] == judge.trajectory_view(dreams[0])
 
 
 def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
@@ -137,6 +174,8 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     m, tok2 = policy.load_model(os.path.join(out, "final"))
     r = judge.evaluate_judge(m, tok2, trans.load_transitions(DATA))
     assert r["judge/n"] == 20 and r["judge/positives"] == 5 and 0.0 <= r["judge/false_positive_rate"] <= 1.0
+    assert checkpoint.saved_settings(os.path.join(out, "final"))["judge_targets"] is True
+    assert judge.shows_targets(os.path.join(out, "final"))
     trs = trans.load_transitions(DATA)
     assert [tok.decode(a) for _, a in judge.judge_samples(trs, [], tok)] == [
         ("yes" if t["success"] else "no") + "<|im_end|>" for t in trs]
