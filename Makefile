@@ -31,6 +31,8 @@ DREAM_DS ?= 0
 DREAM_OUT ?= $(RUNS)/dream
 # more train.py flags for make dream / dream-untrained, e.g. DREAM_EXTRA='--judge-threshold 0.9 --save-every 1'
 DREAM_EXTRA ?=
+# the judge that rewards dreams (--judge); e.g. DREAM_JUDGE=runs/judge-t/final, the judge fine-tuned on replayed dreams (docs/dreams.md "d14")
+DREAM_JUDGE ?= $(RUNS)/judge/final
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
 comma := ,
@@ -136,7 +138,7 @@ eval-judge: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl
 	$(if $(wildcard $(RUNS)/wm/final/wm_eval_predictions.jsonl),$(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl --imagined $(RUNS)/wm/final/wm_eval_predictions.jsonl)
 
-DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --probe-seeds $(DREAM_PROBE) --dynamic-sampling $(DREAM_DS) $(DREAM_EXTRA)
+DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --probe-seeds $(DREAM_PROBE) --dynamic-sampling $(DREAM_DS) $(DREAM_EXTRA)
 dream:
 	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(RUNS)/wm/final --out $(DREAM_OUT) $(if $(wildcard $(DREAM_OUT)/latest),--resume)
 eval-dream:
