@@ -150,10 +150,10 @@ eval-dream-untrained:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream-untrained/final --seeds $(SEEDS) --report $(RUNS)/dream-untrained/final/report
 
 sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
-	$(PY) sweep.py --param real-ratio --values $(RATIOS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param real-ratio --values $(RATIOS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 	@# dream length 5 at real ratio 0.4 is the same run as the first sweep's 0.4 point: reuse it
 	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
-	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(RUNS)/judge/final --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
 ablations:  ## docs/results.md's other rows: budgets, compression, BC without a thought (--no-think), RL without BC
 	@mkdir -p $(RUNS)/ablate

@@ -499,8 +499,8 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="", help="also write the counts here as JSON, and each dream's scores and "
                     "real outcome beside it (<out>_dreams.jsonl)")
     ap.add_argument("--labelled", default="", help="also write each replayed dream's line with its real outcome "
-                    "(real_success) here: imagined trajectories with real labels, for train.py --mode judge "
-                    "--judge-trajectories")
+                    "(real_success; null where the start page was not reproduced, which the judge skips) here: "
+                    "imagined trajectories with real labels, for train.py --mode judge --judge-trajectories")
     ap.add_argument("--max-stage", type=int, default=None, help="the run's --dream-max-stage (default: read from the "
                     "args.json beside --replay, else every stage)")
     a = ap.parse_args()

@@ -69,17 +69,18 @@ def action_target(page: str, action: str) -> str | None:
     """The line of `page` (a flattened tree, axtree.flatten_axtree's text) that `action` acts on, stripped:
     action_target("[34] link 'Id'", "click('34')") -> "[34] link 'Id'". The action is untrusted model
     text (a reply, thought included, or a parsed action): actions.parse_action reads it, nothing runs
-    it. None when it does not parse, its first argument is not a bid string, or no line has that bid."""
+    it. None when it does not parse, its first parameter is not a bid (send_msg_to_user('34') acts on
+    no element), or no line has that bid."""
     import actions
     from axtree import line_bid
 
     try:
-        _, args = actions.split_action(actions.parse_action(action))
+        name, args = actions.split_action(actions.parse_action(action, actions.WEB_ACTIONS))
     except (actions.ActionParseError, SyntaxError, ValueError):
         return None
-    if not args or not isinstance(args[0], str):
+    if not args or actions.WEB_ACTIONS[name][:1] != ("bid",):
         return None
-    return next((line.strip() for line in page.split("\n") if line_bid(line) == args[0]), None)
+    return next((line.strip() for line in page.split("\n") if line_bid(line) == str(args[0])), None)
 
 
 def shows_targets(path: str | None) -> bool:
@@ -111,7 +112,8 @@ def judge_messages(goal: str, pages: list[str], actions: list[str], final: str |
 def judge_prompt(tokenizer, goal: str, pages: list[str], actions: list[str], final: str | None,
                  max_tokens: int = 1024, targets: bool = True) -> list[int]:
     """Prompt ids for the judge (judge_messages; targets: show each action's target line), at most
-    `max_tokens` long (oldest pages omitted first, then the final page cut from its end). Raises
+    `max_tokens` long: the oldest pages omitted first, then the final page cut from its end, then (with
+    targets) the target lines dropped, the last resort for many actions on long lines. Raises
     ValueError if even that does not fit."""
     for omit in range(len(pages) + 1):
         ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=omit, targets=targets))
@@ -124,6 +126,8 @@ def judge_prompt(tokenizer, goal: str, pages: list[str], actions: list[str], fin
                                                          targets=targets))
         if len(ids) <= max_tokens:
             return ids
+    if targets:
+        return judge_prompt(tokenizer, goal, pages, actions, final, max_tokens, targets=False)
     raise ValueError(f"max_tokens={max_tokens} cannot hold the judge prompt of {len(pages)} actions")
 
 
@@ -217,8 +221,9 @@ def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> li
 
     transitions: transition_views (the recorded page after each action). trajectories: records of real or expert episodes
     (env_error ones and dreams are left out: a dream's own success is not a real outcome), and
-    dreams that carry `real_success` (a bool: dream.py --replay's --labelled file), whole, labelled
-    with it (the page after an imagined action is imagined, its label real). Of a real episode, each prefix that
+    dreams that carry `real_success` (a bool: dream.py --replay's --labelled file; null where the replay
+    could not reproduce the dream's start), whole, labelled with it (the page after an imagined action is imagined, its
+    label real; with or without a final page, as judge_dreams scores dreams). Of a real episode, each prefix that
     the episode went on after (the next turn's page is its final page, label no, since a MiniWoB
     episode ends at success), and the whole episode, labelled with its success, when its
     final_observation was recorded (a view without a final page would teach the judge that its

@@ -116,16 +116,21 @@ def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
 def judge_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, `yes`/`no` ids + end-of-turn) for every prefix of every real episode of args.tasks
     in the transitions file and in args.judge_trajectories (comma-separated trajectory files: real or
-    expert episodes), judge.py. Errors: FileNotFoundError as wm_samples; ValueError when none is usable."""
+    expert episodes, or dreams replayed with `dream.py --replay --labelled`), judge.py. path "" (`--transitions ''`):
+    learn from the trajectory files alone. Errors: FileNotFoundError as wm_samples; ValueError when
+    none is usable."""
     import judge
 
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--transitions {path} not found: write it with `python world_model.py --collect`")
-    trs = [t for t in read_jsonl(path) if t["task"] in args.tasks]
-    trajs = [t for f in (args.judge_trajectories or "").split(",") if f for t in read_jsonl(f) if t["task"] in args.tasks]
+    if path and not os.path.exists(path):
+        raise FileNotFoundError(f"--transitions {path} not found: write it with `python world_model.py --collect` "
+                                "(or pass --transitions '' to learn from --judge-trajectories alone)")
+    trs = [t for t in read_jsonl(path) if t["task"] in args.tasks] if path else []
+    files = [f for f in (args.judge_trajectories or "").split(",") if f]
+    trajs = [t for f in files for t in read_jsonl(f) if t["task"] in args.tasks]
     samples = judge.judge_samples(trs, trajs, tokenizer, max_tokens=args.max_prompt_tokens)
     if not samples:
-        raise ValueError(f"{path} holds no episode for tasks {args.tasks}")
+        raise ValueError(f"no usable episode for tasks {args.tasks} in --transitions {path!r} or "
+                         f"--judge-trajectories {files}")
     return samples
 
 

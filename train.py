@@ -157,7 +157,8 @@ def parse_args(argv=None):
     g = p.add_argument_group("data and environment")
     g.add_argument("--demos", default="runs/demos.jsonl", help="bc: expert trajectories (python experts.py)")
     g.add_argument("--transitions", default="runs/transitions.jsonl",
-                   help="wm, judge, dream: real transitions (python world_model.py --collect)")
+                   help="wm, judge, dream: real transitions (python world_model.py --collect); judge: '' to "
+                        "learn from --judge-trajectories alone")
     g.add_argument("--judge-trajectories", default="",
                    help="judge: comma-separated trajectory files of real or expert episodes to learn outcomes from "
                         "too (e.g. runs/demos.jsonl), besides --transitions")

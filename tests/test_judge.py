@@ -58,8 +58,10 @@ def test_each_action_shows_the_line_it_acted_on_and_old_judges_keep_their_format
     assert judge.action_target(page_, "click('34')") == "[34] generic 'Proin'"
     assert judge.action_target(page_, "<think>the word</think>\nclick('33')") == "[33] link 'Tab #3', selected"
     assert judge.action_target(page_, "fill('35', 'a')") == "[35] textbox value='34'"
-    # no target: a bid not on the page, an action without a bid, a reply that does not parse
-    assert [judge.action_target(page_, a) for a in ("click('99')", "scroll(0, 100)", "click(34", "34")] == [None] * 4
+    # no target: a bid not on the page, an action without a bid (a message that looks like one), a reply
+    # that does not parse
+    assert [judge.action_target(page_, a) for a in ("click('99')", "scroll(0, 100)", "send_msg_to_user('34')",
+                                                    "click(34", "34")] == [None] * 5
     view = judge.trajectory_view(dream_record())
     old = tok.decode(judge.judge_prompt(tok, *view, targets=False))
     assert "Action 1: fill('14', 'Myron')\nPage 2:" in old and " on [" not in old
@@ -85,6 +87,13 @@ def test_the_budget_omits_the_oldest_pages_first_then_cuts_the_final_page(tok):
     assert "[159] button 'line 59'" not in text and "Action 2: click('15')" in text
     with pytest.raises(ValueError):
         judge.judge_prompt(tok, *view, max_tokens=20)
+    # many actions on a long line: the target lines go last, so a prompt that fitted without them still fits
+    long_page = "URL: x\n[7] button '" + "very long name " * 30 + "'"
+    n = 12
+    plain = judge.judge_prompt(tok, goal, [long_page] * n, ["click('7')"] * n, None, max_tokens=4096, targets=False)
+    assert len(judge.judge_prompt(tok, goal, [long_page] * n, ["click('7')"] * n, None, max_tokens=4096)) > len(plain) + 1000
+    ids = judge.judge_prompt(tok, goal, [long_page] * n, ["click('7')"] * n, None, max_tokens=len(plain) + 10)
+    assert len(ids) <= len(plain) + 10 and f"Action {n}: click('7')\nDid" in tok.decode(ids)
 
 
 @pytest.mark.parametrize("answer, done_success, reward", [("yes", False, 1.0), ("no", True, 0.0), ("yes", True, 1.0)])
@@ -179,6 +188,23 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     trs = trans.load_transitions(DATA)
     assert [tok.decode(a) for _, a in judge.judge_samples(trs, [], tok)] == [
         ("yes" if t["success"] else "no") + "<|im_end|>" for t in trs]
+
+
+def test_judge_data_from_labelled_dreams_alone(tmp_path, tok):
+    """--transitions '' learns from --judge-trajectories alone (replayed dreams); a missing file or no
+    usable episode is a clear error naming both sources."""
+    import argparse
+
+    import supervised
+    dreams = tmp_path / "labelled.jsonl"
+    dreams.write_text("".join(json.dumps(dict(dream_record(True), real_success=ok)) + "\n" for ok in (True, False)))
+    args = argparse.Namespace(tasks=["enter-text"], judge_trajectories=str(dreams), max_prompt_tokens=1024)
+    assert [tok.decode(a) for _, a in supervised.judge_samples("", tok, args)] == ["yes<|im_end|>", "no<|im_end|>"]
+    with pytest.raises(FileNotFoundError, match="--transitions ''"):
+        supervised.judge_samples(str(tmp_path / "missing.jsonl"), tok, args)
+    args.tasks = ["click-button"]
+    with pytest.raises(ValueError, match="labelled.jsonl"):
+        supervised.judge_samples("", tok, args)
 
 
 def test_dream_reward_judge_needs_a_judge_checkpoint(capsys):
