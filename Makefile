@@ -1,7 +1,8 @@
 # webdream: setup, the main job on the embedded defaults, tests.
 #   make all    set up, then demos -> BC -> eval -> M-GRPO -> eval -> paired comparison (1 h 19 min end to end on a
 #               fresh clone, 2 cores with AVX-512 BF16, 2026-12-03: docs/rl.md, rl-e18)
-#   make test   the test suite (real Chromium, real tokenizer, tiny models; 8.4 min on 2 cores alone (2026-12-03), 12.6 on a slower machine)
+#   make test   the test suite (real Chromium, real tokenizer, tiny models; 8.4 min on 2 cores alone (2026-12-03), 7.1 beside
+#               light jobs (2026-12-04), 12.6 on a slower machine)
 PY      ?= python
 RUNS    ?= runs
 NPROC   ?= 1
@@ -63,6 +64,8 @@ BC_COEF ?= 0
 # AdamW's first step moves every weight by the full lr. WARMUP=4 (rl-e19) removed the first update's KL spike (0.010
 # instead of 15.8) but not the eval's few lost episodes: +0.7 points paired against WARMUP=0, p = 0.75; 0: off (docs/rl.md)
 WARMUP  ?= 0
+# more train.py flags for make real, e.g. REAL_EXTRA='--expert-draw random' (the --bc-coef draw before d9, rl-e17)
+REAL_EXTRA ?=
 # BC under bf16 autocast where the CPU has AVX-512 BF16 (slower than fp32 on AVX2-only CPUs): 900 s instead of 1,778 s
 # on rl-e11's machine, 89.7% against 90.0% on the same 300 eval episodes (-0.3 points, -2.5 to +1.8; docs/speed.md)
 BC_BF16 ?= $(shell grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && echo 1 || echo 0)
@@ -98,7 +101,7 @@ bc: $(RUNS)/demos.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode bc --bf16 $(BC_BF16) --demos $(RUNS)/demos.jsonl --out $(RUNS)/bc $(if $(wildcard $(RUNS)/bc/latest),--resume)
 
 real:  ## M-GRPO from the BC checkpoint on the tasks a greedy probe finds unsolved, a KL penalty holding the rest; greedy success on EVAL_SEEDS seeds per task every 3 iterations (collapse guard)
-	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --aggregation $(AGG) --probe-seeds $(PROBE) --bc-coef $(BC_COEF) --warmup-steps $(WARMUP) --demos $(RUNS)/demos.jsonl --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(if $(wildcard $(RUNS)/real/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py --mode real --init $(RUNS)/bc/final --out $(RUNS)/real --iterations $(ITERS) --groups-per-iter $(REAL_GROUPS) --group-size $(REAL_G) --minibatches $(MB) --kl-coef $(KL) --lr $(LR) --aggregation $(AGG) --probe-seeds $(PROBE) --bc-coef $(BC_COEF) --warmup-steps $(WARMUP) --demos $(RUNS)/demos.jsonl --eval-every 3 --eval-seeds $(EVAL_SEEDS) $(REAL_EXTRA) $(if $(wildcard $(RUNS)/real/latest),--resume)
 
 eval-base:
 	$(TIME) $(PY) eval.py --seeds $(SEEDS) --out $(RUNS)/eval-base
@@ -132,7 +135,7 @@ wm: $(RUNS)/transitions.jsonl
 	$(TIME) $(TORCHRUN) train.py --mode wm --bf16 $(BC_BF16) --transitions $(RUNS)/transitions.jsonl --out $(RUNS)/wm --epochs $(WM_EPOCHS) $(if $(wildcard $(RUNS)/wm/latest),--resume)
 eval-wm: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) world_model.py --eval $(RUNS)/wm/final --data $(RUNS)/wm_eval.jsonl
-judge: $(RUNS)/transitions.jsonl  ## the dreams' judge (--dream-reward judge) on real outcomes
+judge: $(RUNS)/transitions.jsonl $(RUNS)/demos.jsonl  ## the dreams' judge (--dream-reward judge) on real outcomes
 	$(TIME) $(TORCHRUN) train.py --mode judge --transitions $(RUNS)/transitions.jsonl --judge-trajectories $(RUNS)/demos.jsonl --out $(RUNS)/judge --bf16 $(BC_BF16) --epochs $(JUDGE_EPOCHS) $(if $(wildcard $(RUNS)/judge/latest),--resume)
 eval-judge: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl

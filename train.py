@@ -151,7 +151,7 @@ def parse_args(argv=None):
     g.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4 bc and wm, 1e-5 real; x10 with LoRA)")
     g.add_argument("--batch-size", type=int, default=32, help="bc: samples (turns) per optimizer step, all ranks")
     g.add_argument("--micro-batch", type=int, default=8, help="samples per forward pass (memory)")
-    g.add_argument("--epochs", type=float, default=2.0, help="bc: passes over the demonstrations")
+    g.add_argument("--epochs", type=float, default=2.0, help="bc, wm, judge: passes over their samples (demonstration turns, transitions, judged prefixes)")
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g = p.add_argument_group("data and environment")
