@@ -19,7 +19,7 @@ DREAM_LEN ?= 5
 DREAM_LR ?= 5e-5
 # a dream's reward: the trajectory judge (make judge), whose verdicts on a world model's imagined pages had 6.6%
 # false positives against its done: line's 11.7% on the same 196 held-out transitions, p = 0.002 (docs/dreams.md); done: the world model's line,
-# which in d2's dreams (a 1-epoch world model) rewarded 69 of the 72 that fail on real pages (python dream.py --replay; docs/dreams.md)
+# which in d2's dreams (a 1-epoch world model) rewarded 69 of the 72 that fail on real pages (python dream_replay.py; docs/dreams.md)
 # judge-p: the judge's P(yes) itself, graded (it orders 43 of 44 of d2's in-group (success, failure) pairs right, but
 # d3 on it still lost 6.0 points to BC, docs/dreams.md)
 DREAM_REWARD ?= judge

@@ -25,7 +25,7 @@ The prompt fits a token budget: the oldest pages give way to a placeholder first
 stays), then the final page's tree is cut from its end. Labels are real outcomes (`judge_samples`):
 every prefix of every recorded real episode (transitions.jsonl; trajectory records of real or
 expert episodes), labelled with whether the task was complete right after its last action, and
-dreams whose actions were replayed on real pages (`python dream.py --replay ... --labelled`),
+dreams whose actions were replayed on real pages (`python dream_replay.py ... --labelled`),
 labelled with the replay's outcome: imagined pages, real labels. It is
 trained by supervised.py (-log p(answer | prompt)) like the world model.
 """
@@ -221,7 +221,7 @@ def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> li
 
     transitions: transition_views (the recorded page after each action). trajectories: records of real or expert episodes
     (env_error ones and dreams are left out: a dream's own success is not a real outcome), and
-    dreams that carry `real_success` (a bool: dream.py --replay's --labelled file; null where the replay
+    dreams that carry `real_success` (a bool: dream_replay.py's --labelled file; null where the replay
     could not reproduce the dream's start), whole, labelled with it (the page after an imagined action is imagined, its
     label real; with or without a final page, as judge_dreams scores dreams). Of a real episode, each prefix that
     the episode went on after (the next turn's page is its final page, label no, since a MiniWoB

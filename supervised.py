@@ -116,7 +116,7 @@ def wm_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
 def judge_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, `yes`/`no` ids + end-of-turn) for every prefix of every real episode of args.tasks
     in the transitions file and in args.judge_trajectories (comma-separated trajectory files: real or
-    expert episodes, or dreams replayed with `dream.py --replay --labelled`), judge.py. path "" (`--transitions ''`):
+    expert episodes, or dreams replayed with `dream_replay.py --labelled`), judge.py. path "" (`--transitions ''`):
     learn from the trajectory files alone. Errors: FileNotFoundError as wm_samples; ValueError when
     none is usable."""
     import judge

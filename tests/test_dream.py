@@ -15,6 +15,8 @@ sys.path.insert(0, ROOT)
 
 import policy  # noqa: E402
 import dream  # noqa: E402
+import dream_replay  # noqa: E402
+import judge  # noqa: E402
 import train  # noqa: E402
 import supervised  # noqa: E402
 import update  # noqa: E402
@@ -481,7 +483,7 @@ def test_dream_mode_with_mgrpo_and_kl_builds_the_reference_and_its_kl_acts(tmp_p
 
 
 def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
-    """dream.replay_dream_file: a rewarded dream whose action really completes the task is a true
+    """dream_replay.replay_dream_file: a rewarded dream whose action really completes the task is a true
     positive, a rewarded one whose action does not is a false positive, an unrewarded success a
     false negative (real Chromium, the recorded start state of click-tab-2 seed 0 at stage 2); the
     world model's done: line and a judge's P(yes) at each threshold are scored on the same replays."""
@@ -501,7 +503,7 @@ def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
             rec(ep[2]["action"], 0.0, True, 0.2), {**rec("click('21')", 1.0, True, 0.9), "iteration": 2}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     records, labelled = [], []
-    res = dream.replay_dream_file(str(path), DATA, iterations=[1], judge_p=lambda rs: [r["p"] for r in rs],
+    res = dream_replay.replay_dream_file(str(path), DATA, iterations=[1], judge_p=lambda rs: [r["p"] for r in rs],
                                   thresholds=(0.5, 0.9), records=records, labelled=labelled)
     assert labelled == [{**r, "real_success": ok} for r, ok in zip(rows[:3], (True, False, True))]
     assert list(res) == ["trained", "done", "judge>0.5", "judge>0.9", "judge-p"]
@@ -520,3 +522,47 @@ def test_replaying_a_dream_file_scores_its_rewards_against_real_pages(tmp_path):
     assert (lax["true_positive"], lax["false_positive"], lax["false_negative"]) == (1, 1, 1)
     assert (strict["true_positive"], strict["false_positive"], strict["false_negative"]) == (1, 0, 1)
     assert strict["precision"] == 1.0 and strict["recall"] == 0.5
+
+
+def test_dream_replay_command_scores_a_judge_and_writes_labelled_dreams(tmp_path, tok):
+    """`python dream_replay.py DREAMS... --judge CKPT --out --labelled`: the command line scores the run's
+    reward, the world model's done: line and the judge checkpoint's P(yes) (in the format its
+    webdream.json says) on the same replayed dreams, and writes the per-dream scores and the dreams
+    with their real outcomes (real Chromium; a tiny judge built from a config)."""
+    trs = trans.load_transitions(DATA)
+    states = trans.start_states(trs)
+    ep = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 0]
+    seed = next(s for s in range(1000)
+                if trans.pick_start_state(states, s, "click-tab-2")["prefix"] == [ep[0]["action"], ep[1]["action"]])
+    rows = [{"task": "click-tab-2", "seed": seed, "source": "dream", "reward": r, "env_error": False,
+             "done_success": True, "iteration": 1, "group": 0,
+             "turns": [{"observation": ep[2]["obs"]["axtree"], "response": a, "action": a}]}
+            for a, r in ((ep[2]["action"], 1.0), ("click('21')", 0.0))]  # the page a target line is read from
+    dreams = [tmp_path / "run" / f"dreams-rank{rank}.jsonl" for rank in (0, 1)]  # two ranks, one dream each
+    dreams[0].parent.mkdir()
+    for path, r in zip(dreams, rows):
+        path.write_text(json.dumps(r) + "\n")
+    ckpt = tmp_path / "judge"
+    policy.tiny_model(tok, seed=4).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    (ckpt / "webdream.json").write_text(json.dumps({"step": 1, "judge_targets": True}))
+    out, labelled = tmp_path / "replay.json", tmp_path / "labelled.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "dream_replay.py"), *map(str, dreams), "--transitions", DATA,
+                           "--judge", str(ckpt), "--thresholds", "0.5", "--out", str(out), "--labelled", str(labelled)],
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert list(res) == ["trained", "done", "judge>0.5", "judge-p"]
+    assert (res["trained"]["all"]["true_positive"], res["trained"]["all"]["false_positive"]) == (1, 0)
+    assert (res["done"]["all"]["true_positive"], res["done"]["all"]["false_positive"]) == (1, 1)
+    assert res["trained"]["all"]["ranked_pairs"] == 0  # group 0 of rank 0 and group 0 of rank 1 are different groups
+    scored = read_jsonl(str(tmp_path / "replay_dreams.jsonl"))
+    assert [r["real_success"] for r in scored] == [True, False]
+    assert all(r["judge>0.5"] == float(r["judge-p"] > 0.5) for r in scored)
+    # the judge's P(yes) in the format its webdream.json names (with target lines), as train.py would reward
+    jm, jtok = policy.load_model(str(ckpt))
+    with_targets, without = (judge.judge_trajectories(jm, jtok, rows, max_tokens=1024, targets=t) for t in (True, False))
+    assert max(abs(a - b) for a, b in zip(with_targets, without)) > 1e-5  # the formats do score differently
+    assert [r["judge-p"] for r in scored] == pytest.approx(with_targets, abs=1e-6)
+    assert read_jsonl(str(labelled)) == [{**r, "real_success": ok} for r, ok in zip(rows, (True, False))]
+    assert "| click-tab-2 | 2 | 2 |" in proc.stdout

@@ -163,7 +163,7 @@ def test_labels_are_real_outcomes_of_every_prefix():
     views = judge.labelled_views([], [rec, dict(rec, final_observation=None), dict(rec, source="dream")])
     assert [y for _, y in views] == [False, True, False]
     assert views[0][0][3] == judge.page_text(rec["turns"][1]["observation"], GOAL)
-    # a dream is learnt from only with the real outcome of its replay (dream.py --replay --labelled), whole
+    # a dream is learnt from only with the real outcome of its replay (dream_replay.py --labelled), whole
     dreams = [dict(dream_record(True), real_success=False), dict(dream_record(False), real_success=True),
               dream_record(True), dict(dream_record(True), real_success=None),
               dict(dream_record(True), real_success=True, env_error=True)]
