@@ -11,6 +11,8 @@ live in bench_rollout.py; this file has the CLI and the model-side parts).
     python bench.py --only dreams         # imagined steps/s (Δ at batch 1, then batched) vs real browser steps/s
     python bench.py --only workers        # threads vs processes (rollout.EnvPool): env alone, then full rollouts
                                           # (only on request; --env-only skips the rollouts with the policy)
+    python bench.py --only training       # judge (or --train-mode wm) training steps: s per step and peak RSS by
+                                          # --micro-batch and --grad-ckpt (only on request)
 
 The policy is a checkpoint (--ckpt, default runs/bc/final when it exists, else the base model):
 a behaviour-cloned model answers in a few tokens like a trained agent does, where the base model
@@ -110,6 +112,89 @@ def step_memory(mode: str, turn: int, ckpt: str):
                       "peak_rss_mb": round(peak / 1024), "step_extra_mb": round((peak - base) / 1024)}))
 
 
+TRAINING_CONFIGS = ((8, 0), (4, 0), (2, 0), (8, 1), (2, 1))  # (--micro-batch, --grad-ckpt)
+
+
+def write_long_dreams(path: str, n: int = 8, turns: int = 6) -> None:
+    """n labelled six-turn dreams (judge prompts of 824-874 tokens) for the training benchmark: the first
+    page of tests/data/transitions.jsonl (click-tab-2) twice over, with new bids from 100 and a random
+    number on every line, and random clicks (seeded: the same file every time)."""
+    t = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "data",
+                                     "transitions.jsonl")).readline())
+    rng, lines = random.Random(0), t["obs"]["axtree"].split("\n")
+
+    def page():
+        out, bid = [], 100
+        for line in lines * 2:
+            body = line.lstrip()
+            if body.startswith("["):
+                out.append(" " * (len(line) - len(body)) + f"[{bid}] {body.split('] ', 1)[1]} {rng.randint(0, 999)}")
+                bid += 1
+            else:
+                out.append(f"{line} {rng.randint(0, 999)}")
+        return f"Goal: {t['goal']}\nURL: file:///m/miniwob/click-tab-2.html\n" + "\n".join(out)
+
+    def turn():
+        obs, action = page(), f"click('{100 + rng.randint(0, 30)}')"
+        return {"observation": obs, "response": action, "action": action, "error": ""}
+
+    with open(path, "w") as f:
+        for d in range(n):
+            f.write(json.dumps({"task": "click-tab-2", "seed": d, "source": "dream", "goal": t["goal"], "reward": 1.0,
+                                "env_error": False, "iteration": 1, "group": 0, "turns": [turn() for _ in range(turns)],
+                                "real_success": bool(d % 2)}) + "\n")
+
+
+def bench_training(mode: str, data: str, judge_trajectories: str, steps: int, batch_size: int) -> list[dict]:
+    """supervised training steps of --mode `mode` (wm or judge) for each TRAINING_CONFIGS entry, each
+    in a fresh process (its own peak RSS): the base model, bf16 autocast where the CPU has it, AdamW."""
+    rows = []
+    for mb, gc in TRAINING_CONFIGS:
+        r = subprocess.run([sys.executable, __file__, "--_train-step", f"{mode},{mb},{gc}", "--data", data,
+                            "--judge-trajectories", judge_trajectories, "--train-steps", str(steps),
+                            "--batch-size", str(batch_size)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"training step {mode} micro-batch {mb} grad-ckpt {gc} failed:\n{r.stderr[-2000:]}")
+        rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        log(f"training {mode}: {rows[-1]}")
+    return rows
+
+
+def train_step(spec: str, data: str, judge_trajectories: str, steps: int, batch_size: int):
+    """In a fresh process: `steps` optimizer steps of train.py's supervised loop (supervised.
+    accumulate_gradients, then AdamW) on the first batches of batch_size samples of `data`; prints
+    {mode, micro_batch, grad_ckpt, samples, prompt_tokens (mean over the batches), step_s (the
+    median step, seconds), peak_rss_mb}."""
+    import torch
+
+    import train
+
+    mode, mb, gc = spec.split(",")
+    bf16 = int("avx512_bf16" in open("/proc/cpuinfo").read()) if os.path.exists("/proc/cpuinfo") else 0
+    args = train.parse_args(["--mode", mode, "--transitions", data, "--judge-trajectories", judge_trajectories,
+                             "--micro-batch", mb, "--grad-ckpt", gc, "--bf16", str(bf16)])
+    model, tok = policy.load_model(policy.DEFAULT_MODEL)
+    if int(gc):
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    model.train()
+    samples = (supervised.wm_samples if mode == "wm" else supervised.judge_samples)(data, tok, args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    lens = [len(p) + len(t) for p, t in samples]
+    times, prompt_tokens = [], []
+    for step in range(steps):
+        batch = [samples[i] for i in supervised.batch_indices(lens, step, batch_size, 0)]
+        t0 = time.perf_counter()
+        supervised.accumulate_gradients(model, tok, batch, sum(len(t) for _, t in batch), int(mb), "cpu", bool(bf16))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        prompt_tokens += [len(p) for p, _ in batch]
+    print(json.dumps({"mode": mode, "micro_batch": int(mb), "grad_ckpt": int(gc), "samples": len(samples),
+                      "prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens)),
+                      "step_s": round(sorted(times)[len(times) // 2], 2),
+                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+
+
 def bc_padding(demos: str, epochs: float = 2.0, batch_size: int = 32, micro_batch: int = 8, seed: int = 0) -> dict:
     """Token positions a BC run computes (prompt + reply, padded to each micro-batch's longest sample)
     against the real tokens, over train.py's batches (supervised.batch_indices) for `demos`, with the
@@ -183,7 +268,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default=None, help="policy checkpoint (default runs/bc/final if present, else the base model; "
                    "dreams: `expert` for the scripted expert's replies, no policy model)")
-    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding", "generation", "dreams",
+    p.add_argument("--only", choices=["rollout", "compression", "chaos", "workers", "padding", "generation", "dreams", "training",
                                       "deltas"], default=None, help="run one part")
     p.add_argument("--wm", default=None, help="dreams: world-model checkpoint (default runs/wm/final if present, else the base model)")
     p.add_argument("--data", default=None, help="dreams, deltas: real transitions (default runs/transitions.jsonl if "
@@ -196,11 +281,19 @@ def main():
     p.add_argument("--max-steps", type=int, default=6, help="episode length limit")
     p.add_argument("--out", default="runs/bench", help="where the JSON and markdown go")
     p.add_argument("--env-only", action="store_true", help="workers part: the environments alone, no rollouts with the policy")
+    p.add_argument("--train-mode", choices=["judge", "wm"], default="judge", help="training: which model's steps")
+    p.add_argument("--judge-trajectories", default="", help="training: trajectory files the judge learns from, as "
+                   "train.py's flag (default: 8 synthetic six-turn dreams, write_long_dreams, and no transitions)")
+    p.add_argument("--train-steps", type=int, default=3, help="training: optimizer steps per configuration")
+    p.add_argument("--batch-size", type=int, default=8, help="training: samples per optimizer step")
+    p.add_argument("--_train-step", dest="train_step", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_step-memory", dest="step_memory", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_turn", dest="turn", type=int, default=10, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.step_memory:
         return step_memory(a.step_memory, a.turn, a.ckpt)
+    if a.train_step:
+        return train_step(a.train_step, a.data, a.judge_trajectories, a.train_steps, a.batch_size)
     if a.only == "padding":
         r = bc_padding("runs/demos.jsonl")
         print(f"BC on runs/demos.jsonl ({r['samples']} samples, 2 epochs, batches of 32 in micro-batches of 8): "
@@ -219,6 +312,23 @@ def main():
             lines, blocks = sum(r["lines"] for r in rs), sum(r["blocks"] for r in rs)
             print(f"  {task}: total {lines} -> {blocks} ({blocks / lines:.0%}), largest {max(r['lines'] for r in rs)} -> "
                   f"{max(r['blocks'] for r in rs)}, changed {sum(r['lines'] != r['blocks'] for r in rs)}")
+        return
+    if a.only == "training":
+        os.makedirs(a.out, exist_ok=True)
+        if a.train_mode == "judge" and not a.judge_trajectories:  # long prompts: what the judge's memory is about
+            a.judge_trajectories, a.data = os.path.join(a.out, "long_dreams.jsonl"), ""
+            write_long_dreams(a.judge_trajectories)
+        md = [f"supervised training steps ({a.train_mode}), base model, batches of {a.batch_size}, median of "
+              f"{a.train_steps} steps, {os.cpu_count()} CPU cores; transitions '{a.data}', trajectories "
+              f"'{a.judge_trajectories}'", "",
+              "| mode | samples | mean prompt tokens | micro-batch | grad-ckpt | s per step | peak RSS MB |",
+              "|---|---|---|---|---|---|---|"]
+        rows = bench_training(a.train_mode, a.data, a.judge_trajectories, a.train_steps, a.batch_size)
+        md += [f"| {r['mode']} | {r['samples']} | {r['prompt_tokens']} | {r['micro_batch']} | {r['grad_ckpt']} | "
+               f"{r['step_s']} | {r['peak_rss_mb']} |" for r in rows]
+        with open(os.path.join(a.out, "training.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        print("\n".join(md))
         return
     if a.ckpt is None:
         a.ckpt = "runs/bc/final" if os.path.isdir("runs/bc/final") else ""

@@ -149,6 +149,26 @@ def batch_indices(lengths: list[int], step: int, batch_size: int, seed: int, ran
     return sorted(batch, key=lambda i: -lengths[i]) if by_length else batch
 
 
+def accumulate_gradients(model, tok, batch: list[tuple[list[int], list[int]]], n_tok: int, micro_batch: int,
+                         device, bf16: bool) -> tuple[float, int]:
+    """Forward and backward passes of -sum log p(target | prompt) / n_tok over `batch` ((prompt ids,
+    target ids) pairs), micro_batch samples at a time (logits of the target positions only, (B, L)
+    per micro-batch; peak memory grows with micro_batch x the longest prompt). Gradients accumulate
+    in the parameters' .grad; no optimizer step. n_tok: the target tokens the loss is a mean over
+    (all ranks' batch). Returns (the loss summed over micro-batches, token positions computed)."""
+    loss_sum, tokens = 0.0, 0
+    for mb in range(0, len(batch), micro_batch):
+        part = batch[mb:mb + micro_batch]
+        with policy.autocast(device, bf16):  # (the common prefix of the prompts runs once)
+            logp, resp_mask, _ = policy.reply_logprobs(model, [p for p, _ in part], [t for _, t in part],
+                                                       tok.pad_token_id)  # (B, L)
+        loss = -(logp * resp_mask).sum() / n_tok  # this rank's share of the global token mean
+        loss.backward()
+        loss_sum += loss.item()
+        tokens += sum(len(p) + len(t) for p, t in part)
+    return loss_sum, tokens
+
+
 def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world: int, device) -> None:
     """Run --mode bc, wm or judge from optimizer step `step` (0, or the resumed checkpoint's) to the end
     (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
@@ -179,17 +199,10 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         batch = batch_indices(lengths, step, args.batch_size, args.seed, rank, world)
         model.train()
         n_tok = distributed.all_sum(sum(len(samples[i][1]) for i in batch), world)  # target tokens, all ranks
-        loss_sum = 0.0
         t0 = time.time()
-        for mb in range(0, len(batch), args.micro_batch):
-            idx = batch[mb:mb + args.micro_batch]
-            with policy.autocast(device, bool(args.bf16)):  # (the common prefix of the prompts runs once)
-                logp, resp_mask, _ = policy.reply_logprobs(model, [samples[i][0] for i in idx],
-                                                           [samples[i][1] for i in idx], tok.pad_token_id)  # (B, L)
-            loss = -(logp * resp_mask).sum() / n_tok  # this rank's share of the global token mean
-            loss.backward()
-            loss_sum += loss.item()
-            tokens += sum(len(samples[i][0]) + len(samples[i][1]) for i in idx)
+        loss_sum, n = accumulate_gradients(model, tok, [samples[i] for i in batch], n_tok, args.micro_batch, device,
+                                           bool(args.bf16))
+        tokens += n
         distributed.sync_gradients(model, world)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()

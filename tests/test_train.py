@@ -405,3 +405,34 @@ def test_the_negative_advantage_weight_reaches_the_update(tok):
     (plain,), _ = update_grads(model, tok, [dict(t) for t in group])
     assert rel_error(g, by_hand) < 1e-5
     assert rel_error(plain, by_hand) > 0.1
+
+
+def test_supervised_micro_batches_accumulate_the_gradient_of_the_whole_batch(tok):
+    """supervised.accumulate_gradients (the bc / wm / judge step): --micro-batch is a memory lever only;
+    micro-batches of 1, 2 or 3 (prompts of different lengths: padding) give the gradient and loss of the
+    whole batch in one pass, and the loss is the token mean over n_tok."""
+    import compress
+    import policy
+    import supervised
+    from grads import rel_error
+
+    pages = ["[12] button 'OK'", "[12] button 'OK'\n[13] link 'a much longer page than the first one'\n" * 3,
+             "[7] textbox 'Name'", "[9] checkbox 'x'\n" * 5, "[3] heading 'Title'"]
+    batch = [(tok.encode(f"Goal: click.\n{p}"), compress.encode_reply(tok, f"click('{i}')")) for i, p in enumerate(pages)]
+    n_tok = sum(len(t) for _, t in batch)
+    model = policy.tiny_model(tok, seed=5)
+
+    def grads(micro_batch):
+        model.zero_grad(set_to_none=True)
+        loss, tokens = supervised.accumulate_gradients(model, tok, batch, n_tok, micro_batch, "cpu", False)
+        return loss, tokens, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    loss, tokens, whole = grads(len(batch))
+    assert tokens == sum(len(p) + len(t) for p, t in batch)
+    with torch.no_grad():  # the token mean of -log p(target | prompt)
+        logp, mask, _ = policy.reply_logprobs(model, [p for p, _ in batch], [t for _, t in batch], tok.pad_token_id)
+    assert loss == pytest.approx(float(-(logp * mask).sum() / n_tok), rel=1e-5)
+    for micro_batch in (1, 2, 3):
+        part_loss, _, part = grads(micro_batch)
+        assert part_loss == pytest.approx(loss, rel=1e-5)
+        assert rel_error(part, whole) < 1e-5
