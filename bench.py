@@ -119,8 +119,8 @@ def write_long_dreams(path: str, n: int = 8, turns: int = 6) -> None:
     """n labelled six-turn dreams (judge prompts of 824-874 tokens) for the training benchmark: the first
     page of tests/data/transitions.jsonl (click-tab-2) twice over, with new bids from 100 and a random
     number on every line, and random clicks (seeded: the same file every time)."""
-    t = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "data",
-                                     "transitions.jsonl")).readline())
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "data", "transitions.jsonl")) as f:
+        t = json.loads(f.readline())
     rng, lines = random.Random(0), t["obs"]["axtree"].split("\n")
 
     def page():
@@ -328,6 +328,8 @@ def main():
                f"{r['step_s']} | {r['peak_rss_mb']} |" for r in rows]
         with open(os.path.join(a.out, "training.json"), "w") as f:
             json.dump(rows, f, indent=1)
+        with open(os.path.join(a.out, "training.md"), "w") as f:
+            f.write("\n".join(md) + "\n")
         print("\n".join(md))
         return
     if a.ckpt is None:

@@ -383,3 +383,10 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             server.close()
         for e in renv:
             e.close()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit("dream.py is the dream loop (python train.py --mode dream); the replay of a run's dreams on real pages "
+             "moved: python dream_replay.py RUN/dreams-rank0.jsonl [--judge CKPT] [--labelled FILE]")

@@ -53,14 +53,15 @@ def replay_dream_file(path: str | list[str], transitions_path: str, *, tasks: li
     Returns {reward: {task or "all": {dreams, matched, rewarded, real_success, true_positive,
     false_positive, false_negative, precision (true among rewarded, None when none), recall (rewarded
     among real successes, None when none), real_steps, ranked_pairs, ranked_right, ranking}}}.
-    records: when a list, one dict per dream is appended (task, seed, iteration, group, real_success
+    records: when a list, one dict per dream is appended (task, seed, iteration, group, file (the index
+    of its file in `path`: a group is one file's), real_success
     (None when the start page was not reproduced) and each reward's score). labelled: when a list,
     each dream's own line is appended with real_success added (a trajectory file that train.py
     --mode judge --judge-trajectories learns real outcomes of imagined pages from). Raises FileNotFoundError
     for a missing file, ValueError for a task without recorded start states.
     """
     states = transitions.start_states(read_jsonl(transitions_path), max_stage=max_stage)
-    paths = [path] if isinstance(path, str) else list(path)
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     tagged = [(i, r) for i, p in enumerate(paths) for r in read_jsonl(p)]  # i: the file (rank), part of a group's key
     keep = [(i, r) for i, r in tagged if r.get("source", "dream") == "dream" and r.get("turns")
             and not r.get("env_error") and (tasks is None or r["task"] in tasks)
@@ -85,8 +86,9 @@ def replay_dream_file(path: str | list[str], transitions_path: str, *, tasks: li
         if renv is not None:
             renv.close()
     if records is not None:
-        records += [{**{k: r.get(k) for k in ("task", "seed", "iteration", "group")}, "real_success": success,
-                     **{name: s[i] for name, s in scores.items()}} for i, (r, (success, _)) in enumerate(zip(rows, real))]
+        records += [{**{k: r.get(k) for k in ("task", "seed", "iteration", "group")}, "file": files[i],
+                     "real_success": success, **{name: s[i] for name, s in scores.items()}}
+                    for i, (r, (success, _)) in enumerate(zip(rows, real))]
     if labelled is not None:
         labelled += [{**r, "real_success": success} for r, (success, _) in zip(rows, real)]
     keys = ("dreams", "matched", "rewarded", "real_success", "true_positive", "false_positive", "false_negative",
@@ -146,7 +148,7 @@ if __name__ == "__main__":
                     "(real_success; null where the start page was not reproduced, which the judge skips) here: "
                     "imagined trajectories with real labels, for train.py --mode judge --judge-trajectories")
     ap.add_argument("--max-stage", type=int, default=None, help="the run's --dream-max-stage (default: read from the "
-                    "args.json beside the dreams file, else every stage)")
+                    "args.json beside the first dreams file, else every stage)")
     a = ap.parse_args()
     if a.max_stage is None and os.path.exists(run_args := os.path.join(os.path.dirname(a.dreams[0]), "args.json")):
         with open(run_args) as f:

@@ -155,7 +155,8 @@ def accumulate_gradients(model, tok, batch: list[tuple[list[int], list[int]]], n
     target ids) pairs), micro_batch samples at a time (logits of the target positions only, (B, L)
     per micro-batch; peak memory grows with micro_batch x the longest prompt). Gradients accumulate
     in the parameters' .grad; no optimizer step. n_tok: the target tokens the loss is a mean over
-    (all ranks' batch). Returns (the loss summed over micro-batches, token positions computed)."""
+    (all ranks' batch). Returns (the loss summed over micro-batches, the batch's prompt + target tokens,
+    unpadded: what perf/tokens_per_s counts)."""
     loss_sum, tokens = 0.0, 0
     for mb in range(0, len(batch), micro_batch):
         part = batch[mb:mb + micro_batch]

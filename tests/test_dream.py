@@ -557,7 +557,7 @@ def test_dream_replay_command_scores_a_judge_and_writes_labelled_dreams(tmp_path
     assert (res["done"]["all"]["true_positive"], res["done"]["all"]["false_positive"]) == (1, 1)
     assert res["trained"]["all"]["ranked_pairs"] == 0  # group 0 of rank 0 and group 0 of rank 1 are different groups
     scored = read_jsonl(str(tmp_path / "replay_dreams.jsonl"))
-    assert [r["real_success"] for r in scored] == [True, False]
+    assert [(r["real_success"], r["file"]) for r in scored] == [(True, 0), (False, 1)]
     assert all(r["judge>0.5"] == float(r["judge-p"] > 0.5) for r in scored)
     # the judge's P(yes) in the format its webdream.json names (with target lines), as train.py would reward
     jm, jtok = policy.load_model(str(ckpt))
@@ -566,3 +566,10 @@ def test_dream_replay_command_scores_a_judge_and_writes_labelled_dreams(tmp_path
     assert [r["judge-p"] for r in scored] == pytest.approx(with_targets, abs=1e-6)
     assert read_jsonl(str(labelled)) == [{**r, "real_success": ok} for r, ok in zip(rows, (True, False))]
     assert "| click-tab-2 | 2 | 2 |" in proc.stdout
+
+
+def test_the_old_replay_command_says_where_the_replay_went():
+    """`python dream.py --replay ...` (the command before dream_replay.py) fails with a pointer, not silently."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "dream.py"), "--replay", "x.jsonl"], capture_output=True,
+                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert proc.returncode != 0 and "python dream_replay.py" in proc.stderr
