@@ -170,14 +170,17 @@ def train_step(spec: str, data: str, judge_trajectories: str, steps: int, batch_
     import train
 
     mode, mb, gc = spec.split(",")
-    bf16 = int("avx512_bf16" in open("/proc/cpuinfo").read()) if os.path.exists("/proc/cpuinfo") else 0
+    bf16 = 0
+    if os.path.exists("/proc/cpuinfo"):  # bf16 autocast where the CPU has it, as the Makefile's BC_BF16
+        with open("/proc/cpuinfo") as f:
+            bf16 = int("avx512_bf16" in f.read())
     args = train.parse_args(["--mode", mode, "--transitions", data, "--judge-trajectories", judge_trajectories,
                              "--micro-batch", mb, "--grad-ckpt", gc, "--bf16", str(bf16)])
     model, tok = policy.load_model(policy.DEFAULT_MODEL)
     if int(gc):
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        policy.enable_grad_ckpt(model)
     model.train()
-    samples = (supervised.wm_samples if mode == "wm" else supervised.judge_samples)(data, tok, args)
+    samples = supervised.training_samples(args, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     lens = [len(p) + len(t) for p, t in samples]
     times, prompt_tokens = [], []

@@ -162,6 +162,15 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def enable_grad_ckpt(model) -> None:
+    """Gradient (activation) checkpointing for training (--grad-ckpt): each layer's activations are
+    recomputed in the backward pass instead of kept (less memory, more time); the KV cache is off, as
+    training needs none. activation_checkpointing_enable in transformers >= 5.2x,
+    gradient_checkpointing_enable before."""
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    model.config.use_cache = False
+
+
 def autocast(device, enabled: bool):
     """bf16 autocast context (a no-op when disabled)."""
     dev = torch.device(device).type

@@ -149,6 +149,14 @@ def batch_indices(lengths: list[int], step: int, batch_size: int, seed: int, ran
     return sorted(batch, key=lambda i: -lengths[i]) if by_length else batch
 
 
+def training_samples(args, tok) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) of --mode bc (args.demos), wm or judge (args.transitions, and for the
+    judge args.judge_trajectories): bc_samples, wm_samples or judge_samples, with their errors."""
+    if args.mode == "bc":
+        return bc_samples(args.demos, tok, args)
+    return (wm_samples if args.mode == "wm" else judge_samples)(args.transitions, tok, args)
+
+
 def accumulate_gradients(model, tok, batch: list[tuple[list[int], list[int]]], n_tok: int, micro_batch: int,
                          device, bf16: bool) -> tuple[float, int]:
     """Forward and backward passes of -sum log p(target | prompt) / n_tok over `batch` ((prompt ids,
@@ -175,10 +183,7 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
     (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
     Reads args: mode, demos or transitions (and judge_trajectories), tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
     save_every, keep_ckpts, out, and the prompt settings."""
-    if args.mode == "bc":
-        samples = bc_samples(args.demos, tok, args)
-    else:
-        samples = (wm_samples if args.mode == "wm" else judge_samples)(args.transitions, tok, args)
+    samples = training_samples(args, tok)
     tag = args.mode
     if args.batch_size % world:
         raise ValueError(f"--batch-size {args.batch_size} must divide evenly over {world} ranks")

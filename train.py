@@ -423,9 +423,8 @@ def build_model(args, device, path=None, fsdp=None):
         # drawn from each rank's own RNG, and nothing else would keep the replicas identical.
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t.data, 0)
-    if args.grad_ckpt:  # (activation_checkpointing_enable in transformers >= 5.2x, gradient_... before)
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-        model.config.use_cache = False
+    if args.grad_ckpt:
+        policy.enable_grad_ckpt(model)
     if fsdp:
         distributed.shard(model)  # after the broadcast: every rank shards the same weights
     return model, tok

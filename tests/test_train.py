@@ -436,3 +436,27 @@ def test_supervised_micro_batches_accumulate_the_gradient_of_the_whole_batch(tok
         part_loss, _, part = grads(micro_batch)
         assert part_loss == pytest.approx(loss, rel=1e-5)
         assert rel_error(part, whole) < 1e-5
+
+
+def test_gradient_checkpointing_keeps_the_supervised_gradient(tok):
+    """policy.enable_grad_ckpt (--grad-ckpt 1): the model recomputes activations (and says so, which
+    turns off policy.reply_logprobs' shared prefix) and caches nothing, and the gradient is the same."""
+    import compress
+    import policy
+    import supervised
+    from grads import rel_error
+
+    batch = [(tok.encode(f"Goal: click.\n[{i}] button 'OK'" + " x" * 9 * i), compress.encode_reply(tok, f"click('{i}')"))
+             for i in range(3)]
+    n_tok = sum(len(t) for _, t in batch)
+
+    def grads(model):
+        model.train()
+        supervised.accumulate_gradients(model, tok, batch, n_tok, 2, "cpu", False)
+        return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    plain, ckpt = policy.tiny_model(tok, seed=6), policy.tiny_model(tok, seed=6)
+    policy.enable_grad_ckpt(ckpt)
+    on = getattr(ckpt, "is_activation_checkpointing", None)
+    assert (on if on is not None else ckpt.is_gradient_checkpointing) and ckpt.config.use_cache is False
+    assert rel_error(grads(ckpt), grads(plain)) < 1e-5
