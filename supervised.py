@@ -20,6 +20,7 @@ same gradient). The loss is the token mean over the batch's target tokens on eve
 from __future__ import annotations
 
 import os
+import resource
 import time
 
 import numpy as np
@@ -182,7 +183,8 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
     """Run --mode bc, wm or judge from optimizer step `step` (0, or the resumed checkpoint's) to the end
     (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
     Reads args: mode, demos or transitions (and judge_trajectories), tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
-    save_every, keep_ckpts, out, and the prompt settings."""
+    save_every, keep_ckpts, out, and the prompt settings. Logs per step: loss/<mode>, loss/grad_norm, perf/step_s,
+    perf/tokens_per_s, perf/peak_rss_gb (this process's peak resident memory so far, GB), charts/lr, charts/epoch."""
     samples = training_samples(args, tok)
     tag = args.mode
     if args.batch_size % world:
@@ -218,6 +220,7 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         m = {f"loss/{tag}": distributed.all_sum(loss_sum, world), "loss/grad_norm": float(gnorm),
              "perf/step_s": time.time() - t0,
              "perf/tokens_per_s": distributed.all_sum(tokens, world) / (time.time() - t_start),
+             "perf/peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # this rank's; KiB on Linux
              "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch}
         logger.log(m, step)
         bar.update(1)
