@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import checkpoint
 import compress
 import env as webenv
 import policy
+import runlog
 import supervised
 from runlog import read_jsonl
 
@@ -98,7 +98,7 @@ def step_memory(mode: str, turn: int, ckpt: str):
     model, tok = policy.load_model(ckpt or policy.DEFAULT_MODEL)
     model.train()
     hist = ten_turn_history(tok)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = runlog.peak_rss_mb()
     prompt = compress.build_prompt(tok, hist[:turn - 1], hist[turn - 1]["observation"], compress=mode == "compressed",
                                    max_tokens=100_000)
     reply = compress.encode_reply(tok, hist[turn - 1]["response"])
@@ -107,9 +107,9 @@ def step_memory(mode: str, turn: int, ckpt: str):
     lp = policy.token_logprobs(model, ids, mask, L)
     (-(lp * rm).sum()).backward()
     dt = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = runlog.peak_rss_mb()
     print(json.dumps({"prompt_tokens": len(prompt), "step_s": round(dt, 2),
-                      "peak_rss_mb": round(peak / 1024), "step_extra_mb": round((peak - base) / 1024)}))
+                      "peak_rss_mb": round(peak), "step_extra_mb": round(peak - base)}))
 
 
 TRAINING_CONFIGS = ((8, 0), (4, 0), (2, 0), (8, 1), (2, 1))  # (--micro-batch, --grad-ckpt)
@@ -195,7 +195,7 @@ def train_step(spec: str, data: str, judge_trajectories: str, steps: int, batch_
     print(json.dumps({"mode": mode, "micro_batch": int(mb), "grad_ckpt": int(gc), "samples": len(samples),
                       "prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens)),
                       "step_s": round(sorted(times)[len(times) // 2], 2),
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+                      "peak_rss_mb": round(runlog.peak_rss_mb())}))
 
 
 def bc_padding(demos: str, epochs: float = 2.0, batch_size: int = 32, micro_batch: int = 8, seed: int = 0) -> dict:

@@ -171,6 +171,13 @@ def enable_grad_ckpt(model) -> None:
     model.config.use_cache = False
 
 
+def grad_ckpt_enabled(model) -> bool:
+    """Whether the model recomputes activations in the backward pass (enable_grad_ckpt):
+    is_activation_checkpointing in transformers >= 5.2x, is_gradient_checkpointing before."""
+    on = getattr(model, "is_activation_checkpointing", None)
+    return bool(on if on is not None else getattr(model, "is_gradient_checkpointing", False))
+
+
 def autocast(device, enabled: bool):
     """bf16 autocast context (a no-op when disabled)."""
     dev = torch.device(device).type
@@ -439,10 +446,7 @@ def reply_logprobs(model, prompts: list[list[int]], replies: list[list[int]], pa
     """
     device = next(model.parameters()).device
     B = len(prompts)
-    ckpt = getattr(model, "is_activation_checkpointing", None)  # (transformers >= 5.2x; is_gradient_checkpointing before)
-    if ckpt is None:
-        ckpt = getattr(model, "is_gradient_checkpointing", False)
-    k = shared_prefix_len(prompts) if share_prefix and not ckpt else 0
+    k = shared_prefix_len(prompts) if share_prefix and not grad_ckpt_enabled(model) else 0
     if not k:
         ids, mask, rm, L = response_batch(prompts, replies, pad_id)
         return (token_logprobs(model, ids.to(device), mask.to(device), L, temperature=temperature, full=full),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import time
 
 logger = logging.getLogger(__name__)
@@ -91,3 +92,8 @@ class Logger:
         if self.enabled:
             self.tb.close()
             self.jsonl.close()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (getrusage's ru_maxrss, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

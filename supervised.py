@@ -20,7 +20,6 @@ same gradient). The loss is the token mean over the batch's target tokens on eve
 from __future__ import annotations
 
 import os
-import resource
 import time
 
 import numpy as np
@@ -33,6 +32,7 @@ import distributed
 import experts
 import policy
 import update
+import runlog
 from runlog import read_jsonl
 
 
@@ -220,7 +220,7 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         m = {f"loss/{tag}": distributed.all_sum(loss_sum, world), "loss/grad_norm": float(gnorm),
              "perf/step_s": time.time() - t0,
              "perf/tokens_per_s": distributed.all_sum(tokens, world) / (time.time() - t_start),
-             "perf/peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # this rank's; KiB on Linux
+             "perf/peak_rss_gb": runlog.peak_rss_mb() / 1024,  # this rank's
              "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch}
         logger.log(m, step)
         bar.update(1)

@@ -458,6 +458,5 @@ def test_gradient_checkpointing_keeps_the_supervised_gradient(tok):
 
     plain, ckpt = policy.tiny_model(tok, seed=6), policy.tiny_model(tok, seed=6)
     policy.enable_grad_ckpt(ckpt)
-    on = getattr(ckpt, "is_activation_checkpointing", None)
-    assert (on if on is not None else ckpt.is_gradient_checkpointing) and ckpt.config.use_cache is False
+    assert policy.grad_ckpt_enabled(ckpt) and not policy.grad_ckpt_enabled(plain) and ckpt.config.use_cache is False
     assert rel_error(grads(ckpt), grads(plain)) < 1e-5
