@@ -36,6 +36,8 @@ DREAM_OUT ?= $(RUNS)/dream
 DREAM_EXTRA ?=
 # the judge that rewards dreams (--judge); e.g. DREAM_JUDGE=runs/judge-t/final, the judge fine-tuned on replayed dreams (docs/dreams.md "d14")
 DREAM_JUDGE ?= $(RUNS)/judge/final
+# the world model dreams run in (--world-model) for make dream and sweeps; e.g. DREAM_WM=runs/wm-e5/final, the 5-epoch one
+DREAM_WM ?= $(RUNS)/wm/final
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
 comma := ,
@@ -145,7 +147,7 @@ eval-judge: $(RUNS)/wm_eval.jsonl
 
 DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --probe-seeds $(DREAM_PROBE) --dynamic-sampling $(DREAM_DS) $(DREAM_EXTRA)
 dream:
-	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(RUNS)/wm/final --out $(DREAM_OUT) $(if $(wildcard $(DREAM_OUT)/latest),--resume)
+	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(DREAM_WM) --out $(DREAM_OUT) $(if $(wildcard $(DREAM_OUT)/latest),--resume)
 eval-dream:
 	$(TIME) $(PY) eval.py --ckpt $(DREAM_OUT)/final --seeds $(SEEDS) --report $(DREAM_OUT)/final/report
 # DynaWeb's ablation: the same dream run with the untrained base model as world model (make dream's every other setting)
@@ -155,10 +157,10 @@ eval-dream-untrained:
 	$(TIME) $(PY) eval.py --ckpt $(RUNS)/dream-untrained/final --seeds $(SEEDS) --report $(RUNS)/dream-untrained/final/report
 
 sweeps:  ## DynaWeb Fig. 3a/3b on this suite: success against --real-ratio and --dream-len
-	$(PY) sweep.py --param real-ratio --values $(RATIOS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param real-ratio --values $(RATIOS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-real-ratio -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --world-model $(DREAM_WM) --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 	@# dream length 5 at real ratio 0.4 is the same run as the first sweep's 0.4 point: reuse it
 	mkdir -p $(RUNS)/sweep-dream-len && ln -sfn ../sweep-real-ratio/real-ratio-0.4 $(RUNS)/sweep-dream-len/dream-len-5
-	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --world-model $(RUNS)/wm/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
+	$(PY) sweep.py --param dream-len --values $(LENS) --iterations $(SWEEP_ITERS) --seeds $(SWEEP_SEEDS) $(if $(SWEEP_TASKS),--tasks $(SWEEP_TASKS)) --baseline $(RUNS)/bc/final/eval/results.json --out $(RUNS)/sweep-dream-len -- --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --world-model $(DREAM_WM) --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl
 
 ablations:  ## docs/results.md's other rows: budgets, compression, BC without a thought (--no-think), RL without BC
 	@mkdir -p $(RUNS)/ablate
