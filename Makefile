@@ -23,7 +23,8 @@ DREAM_LR ?= 5e-5
 # false positives against its done: line's 11.7% on the same 196 held-out transitions, p = 0.002 (docs/dreams.md); done: the world model's line,
 # which in d2's dreams (a 1-epoch world model) rewarded 69 of the 72 that fail on real pages (python dream_replay.py; docs/dreams.md)
 # judge-p: the judge's P(yes) itself, graded (it orders 43 of 44 of d2's in-group (success, failure) pairs right, but
-# d3 on it still lost 6.0 points to BC, docs/dreams.md)
+# d3 on it still lost 6.0 points to BC, docs/dreams.md). On the policy's own dreams both go wrong: the judge-t judge rewarded
+# 9 of click-tab-2's 23 real failures (d14), the 5-epoch world model's done: line 79 of 80 (d15; docs/dreams.md "d15 and d16")
 DREAM_REWARD ?= judge
 # dreams only on the tasks a greedy probe of the BC start on DREAM_PROBE training seeds a task on real pages does not
 # solve on all of them (--probe-seeds; dream.probe_tasks); 0: dreams on every task (docs/dreams.md)
