@@ -31,8 +31,8 @@ import compress
 import distributed
 import experts
 import policy
-import update
 import runlog
+import update
 from runlog import read_jsonl
 
 
