@@ -51,7 +51,7 @@ def delta_lengths(tok, data):
     rows = []
     for t in load_transitions(data):
         status = delta.done_status(bool(t["success"]), bool(t["done"]) and not t.get("truncated"))
-        n = [len(compress.encode_text(tok, delta.diff(t["obs"], t["next_obs"], status, subtree=s))) for s in (False, True)]
+        n = [len(compress.encode_text(tok, delta.diff(t["obs"], t["next_obs"], status, subtree=s, action=t["action"]))) for s in (False, True)]
         rows.append({"task": t["task"], "lines": n[0], "blocks": n[1]})
     return rows
 

@@ -1,8 +1,8 @@
 """The page change Δ: an exact, line-oriented edit of the flattened accessibility tree (DynaWeb's Δ).
 
     from delta import diff, apply
-    d = diff(obs_t, obs_next, done="no")     # the Δ of a real transition (exact)
-    page, n_bad = apply(obs_t, d)            # the next page; a model's bad lines are skipped and counted
+    d = diff(obs_t, obs_next, done="no", action=a)   # the Δ of a real transition (exact)
+    page, n_bad = apply(obs_t, d, action=a)          # the next page; a model's bad lines are skipped and counted
 
 DynaWeb trains an LLM to predict the change between two pages instead of the whole next page.
 Here the change Δ is a precise, line-oriented edit of the flattened accessibility tree
@@ -24,6 +24,13 @@ Here the change Δ is a precise, line-oriented edit of the flattened accessibili
     | LINE                             by the block LINE, LINE, ... (`= REF` alone: remove the subtree)
     done: yes|no|fail                  yes: the task is now complete (success); fail: the episode ended
                                        without success (MiniWoB ends on a wrong click); no: it goes on
+
+In a LINE, `value=<typed>` is the text the action typed (fill's value, select_option's option) and
+`value=<typed hidden>` one • per character of it (a password field): `diff(o, o2, action=a)` writes
+them (TYPED_VALUES) and `apply(o, Δ, action=a)` writes the text back. Only where flatten_axtree writes
+a value (after the bid, role and quoted name), so page text, always quoted, never reads as one:
+
+    ~ [16] textbox value=<typed hidden>, focused     after fill('16', '3Pn38'): value='•••••'
 
 REF names a line of the *old* tree: `[21]` is the line whose bid is 21 (bids that occur once); any
 other line is `A+k`, the k-th line after the nearest bid line A above it (`^+k`: the k-th line from
@@ -62,7 +69,8 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, is_dataclass
 
-from axtree import BID as _BID, STRING as _STRING, line_bid as _line_bid
+from actions import split_action
+from axtree import BID as _BID, STRING as _STRING, line_bid as _line_bid, quote as _quote
 
 # ----------------------------------------------------------------------------------------------
 # States and the Δ format
@@ -74,6 +82,15 @@ DONE_VALUES = ("yes", "no", "fail")
 # apply reads the header either way. Flip it (before training a world model) to try the header.
 FOCUS_HEADER = False
 MAX_LINES = 1000  # apply() never builds a tree longer than this (flatten_axtree writes at most ~201)
+# diff(..., action=a) writes a changed line's value as `value=<typed>` when it is the text the action typed
+# (typed_text: fill's value, select_option's option) and as `value=<typed hidden>` when it is one • per
+# character of that text (a password field): a world model then copies no text and counts no dots (17 of
+# the 5-epoch model's 69 held-out misses were a filled value, most of them a miscounted password;
+# docs/dreams.md). apply(o, Δ, action=a) writes the text back, so the round trip stays exact; apply reads
+# both forms whatever this switch says, so a model trained with either applies. False: values written out.
+TYPED_VALUES = True
+TYPED, TYPED_HIDDEN = "<typed>", "<typed hidden>"
+HIDDEN_CHAR = "\u2022"  # what Chromium shows for each character of a password field's value
 
 _REF = rf"(?:\^|\[{_BID}\])(?:\+[0-9]+)?"
 _OP_REMOVE = re.compile(rf"- ({_REF}) *$")
@@ -87,6 +104,9 @@ _FOCUS_VALUE = re.compile(rf"\[({_BID})\]|none")
 _FOCUS_FLAG = re.compile(rf"{_STRING}|, focused(?=,|$)")  # quoted names and values are skipped
 _FIRST_FLAG = re.compile(rf"{_STRING}|, ")
 _OP_DONE = re.compile(r"done: *(yes|no|fail) *$")
+# a tree line's value field, where flatten_axtree writes it (after the indent, bid, role and name): page
+# text can only put a placeholder inside a quoted string, never here
+_VALUE_FIELD = re.compile(rf"( *(?:\[{_BID}\](?: |$))?\S*(?: (?:{_STRING}))? value=)({_STRING}|{TYPED}|{TYPED_HIDDEN})")
 
 
 def as_state(o) -> dict:
@@ -96,6 +116,48 @@ def as_state(o) -> dict:
         o = asdict(o)
     return {"goal": o.get("goal", "") or "", "url": o.get("url", "") or "", "axtree": o.get("axtree", "") or "",
             "error": o.get("error", "") or "", "hidden": o.get("hidden", "") or ""}
+
+
+def typed_text(action: str | None) -> str | None:
+    """The text `action` types into a field: fill's value, select_option's option (one option, given as
+    text) or keyboard_type's and keyboard_insert_text's text; None for any other action and for text
+    that is not a canonical action (parse_action's output). Never raises."""
+    try:
+        name, args = split_action(action)
+    except Exception:  # not a canonical action (a parse error's raw text, None, ...)
+        return None
+    text = args[-1] if args and name in ("fill", "select_option", "keyboard_type", "keyboard_insert_text") else None
+    if isinstance(text, list) and len(text) == 1:  # select_option('9', ['a'])
+        text = text[0]
+    return text if isinstance(text, str) else None
+
+
+def type_value(line: str, typed: str | None) -> str:
+    """`line` with its value field written as TYPED when it is `typed` as the tree writes it, or as
+    TYPED_HIDDEN when it is one HIDDEN_CHAR per character of a non-empty `typed`; else `line` unchanged."""
+    m = _VALUE_FIELD.match(line) if typed is not None else None
+    if m is None:
+        return line
+    if m.group(2) == _quote(typed):
+        ph = TYPED
+    elif typed and m.group(2) == _quote(HIDDEN_CHAR * len(typed)):
+        ph = TYPED_HIDDEN
+    else:
+        return line
+    return line[:m.start(2)] + ph + line[m.end(2):]
+
+
+def untype_value(line: str, typed: str | None) -> str | None:
+    """type_value's inverse: `line` with a TYPED or TYPED_HIDDEN value field written out from `typed`;
+    `line` unchanged when it has neither; None when it has one and `typed` is None (the action typed
+    nothing: apply skips and counts the line)."""
+    m = _VALUE_FIELD.match(line)
+    if m is None or m.group(2) not in (TYPED, TYPED_HIDDEN):
+        return line
+    if typed is None:
+        return None
+    text = typed if m.group(2) == TYPED else HIDDEN_CHAR * len(typed)
+    return line[:m.start(2)] + _quote(text) + line[m.end(2):]
 
 
 def tree_lines(axtree: str) -> list[str]:
@@ -187,7 +249,8 @@ def _focus_header(old: list[str], new: list[str]) -> tuple[str | None, list[str]
     return (None, old) if moved == old else (f"[{target}]" if target else "none", moved)
 
 
-def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: bool | None = None) -> str:
+def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: bool | None = None,
+         action: str | None = None) -> str:
     """The Δ that turns o_t into o_next (states: env.Obs or dicts with url, axtree, error).
 
     done: the `done:` line, True/"yes" (task complete), False/"no", or "fail" (ended unsuccessfully).
@@ -198,6 +261,9 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
     subtree: also try `=` blocks (an old subtree replaced by the new lines between the same kept
     neighbours), greedily, up to 4, each kept only when it makes the Δ text shorter.
     focus: write a moved focus as a `focus:` header (None: FOCUS_HEADER).
+    action: the action taken (canonical, parse_action's); with TYPED_VALUES a new or changed line whose
+    value is the text it typed is written with a TYPED / TYPED_HIDDEN placeholder (type_value), which
+    apply(o_t, Δ, action=action) writes back: pass the same action to both.
     """
     status = ("yes" if done else "no") if isinstance(done, bool) else done
     if status not in DONE_VALUES:
@@ -210,6 +276,10 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
     anchors = {r[1:-1] for r in refs if r[0] == "[" and "+" not in r}  # bids that are their own REF
     okeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in old]
     nkeys = [("b", _line_bid(x)) if _line_bid(x) in anchors else ("t", x) for x in new]
+    typed = typed_text(action) if TYPED_VALUES else None
+    if typed is not None:  # only lines the Δ writes: a line the old page already shows stays as it is
+        shown = set(old)
+        new = [x if x in shown else type_value(x, typed) for x in new]
     ops, kept = _edits(old, new, refs, okeys, nkeys, [])
     blocks: list[tuple[int, int, int, int]] = []
     while subtree and len(blocks) < 4:
@@ -406,7 +476,7 @@ def predicted_done(delta: str) -> bool:
     return predicted_status(delta) == "yes"
 
 
-def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
+def apply(o_t, delta: str, *, max_lines: int = MAX_LINES, action: str | None = None) -> tuple[dict, int]:
     """Apply Δ to o_t. Returns (o_next as a state dict {goal, url, axtree, error, hidden}, n_bad_lines).
     Δ edits the tree (and the URL); o_next keeps o_t's hidden content less the blocks (a top-level
     hidden line and the deeper lines under it) that hold a bid the new tree shows: a panel a click
@@ -421,10 +491,28 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES) -> tuple[dict, int]:
     (each counted); a block line with a bid already on the page is skipped and counted alone.
     Never raises. Removes, changes and blocks are resolved before inserts, so their order is free;
     an insert after a block's REF goes after the block.
+    action: the action taken: a line's TYPED / TYPED_HIDDEN value is the text it typed (untype_value;
+    with an action that typed nothing, such a line is skipped and counted, a `=` line with its block).
     """
     s = as_state(o_t)
     old = tree_lines(s["axtree"])
     header, edits, n_bad = parse_delta(delta)
+    typed, written = typed_text(action), []
+    for e in edits:  # placeholders written out first: every check below sees the line the page would show
+        if e[0] == "=":
+            lines = [untype_value(x, typed) for x in e[2]]
+            if None in lines:
+                n_bad += max(1, len(lines))
+                continue
+            e = ("=", e[1], lines)
+        elif e[0] != "-":
+            line = untype_value(e[2], typed)
+            if line is None:
+                n_bad += 1
+                continue
+            e = (e[0], e[1], line)
+        written.append(e)
+    edits = written
     if "focus" in header:  # the focus moves first; the edits see the moved page
         old, found = move_focus(old, None if header["focus"] == "none" else header["focus"][1:-1])
         n_bad += not found  # a bid not on o_t (a line the edits add?): the flag leaves the old line all the same

@@ -205,7 +205,7 @@ def transition_views(transitions: list[dict], imagined: dict | None = None) -> l
             if imagined is None:
                 nxt = t["next_obs"]
             elif key in imagined:
-                nxt, _ = apply(t["obs"], imagined[key])
+                nxt, _ = apply(t["obs"], imagined[key], action=t["action"])
             else:
                 continue
             final = Obs(goal, nxt["url"], nxt["axtree"], nxt.get("error", "")).text

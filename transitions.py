@@ -129,7 +129,7 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                         rec = {"task": task, "seed": seed, "step": env.t - 1, "goal": obs.goal,
                                "obs": _obs_record(obs), "action": info["action"] or text, "source": source,
                                "next_obs": _obs_record(nxt),
-                               "delta": diff(obs, nxt, done_status(info["success"], terminated)),
+                               "delta": diff(obs, nxt, done_status(info["success"], terminated), action=info["action"]),
                                "reward": reward, "done": done, "success": info["success"],
                                "truncated": info["truncated"]}
                         f.write(json.dumps(rec) + "\n")
@@ -174,10 +174,11 @@ def checkpoint_policy(path: str, *, temperature: float = 1.0, seed: int = 0):
 
 
 def delta_label(t: dict) -> str:
-    """The Δ label of a recorded transition, written by today's `delta.diff` from its two pages and its
-    outcome (so a file recorded before a change of the format, e.g. the `=` block, trains with the new
-    one); equal to t["delta"] for transitions recorded since."""
-    return diff(t["obs"], t["next_obs"], done_status(bool(t["success"]), bool(t["done"]) and not t.get("truncated")))
+    """The Δ label of a recorded transition, written by today's `delta.diff` from its two pages, its
+    outcome and its action (so a file recorded before a change of the format, e.g. the `=` block or the
+    typed-value placeholder, trains with the new one); equal to t["delta"] for transitions recorded since."""
+    return diff(t["obs"], t["next_obs"], done_status(bool(t["success"]), bool(t["done"]) and not t.get("truncated")),
+                action=t["action"])
 
 
 def load_transitions(path: str) -> list[dict]:

@@ -46,9 +46,10 @@ WM_SYSTEM_PROMPT = ("Predict how the page changes after the action. Reply with "
 
 
 def delta_format() -> dict:
-    """The Δ format this code writes and reads (delta.FOCUS_HEADER, a module switch): what train.py
-    --mode wm records in a world model's webdream.json, beside the prompt settings."""
-    return {"delta_focus_header": bool(delta.FOCUS_HEADER)}
+    """The Δ format this code writes (delta.FOCUS_HEADER and delta.TYPED_VALUES, module switches): what
+    train.py --mode wm records in a world model's webdream.json, beside the prompt settings. Only the
+    focus header must match to read a model's Δs (check_delta_format); apply reads typed values either way."""
+    return {"delta_focus_header": bool(delta.FOCUS_HEADER), "delta_typed_values": bool(delta.TYPED_VALUES)}
 
 
 def check_delta_format(path: str) -> None:
@@ -56,11 +57,10 @@ def check_delta_format(path: str) -> None:
     its labels would disagree with what apply() reads. Errors: ValueError naming the setting, for a
     checkpoint whose webdream.json records a different one; a checkpoint without the record (written
     before it existed, or the base model) passes unchecked."""
-    saved = checkpoint.saved_settings(path) or {}
-    for k, v in delta_format().items():
-        if k in saved and bool(saved[k]) != v:
-            raise ValueError(f"{path} was trained with {k} = {saved[k]}, this code writes and reads Δs with {k} = {v} "
-                             f"(delta.FOCUS_HEADER): set it to match, or train a world model on this format")
+    saved, k = checkpoint.saved_settings(path) or {}, "delta_focus_header"
+    if k in saved and bool(saved[k]) != bool(delta.FOCUS_HEADER):
+        raise ValueError(f"{path} was trained with {k} = {saved[k]}, this code writes and reads Δs with {k} = "
+                         f"{bool(delta.FOCUS_HEADER)} (delta.FOCUS_HEADER): set it to match, or train a world model on this format")
 
 
 def wm_messages(goal: str, obs, action: str, *, max_tree_lines: int | None = None) -> list[dict]:
@@ -173,7 +173,7 @@ def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_t
 
 def next_page_match(t: dict, delta: str) -> tuple[bool, int]:
     """(whether apply(o_t, Δ) is the recorded next page, URL and tree; the number of Δ lines skipped)."""
-    o, bad = apply(t["obs"], delta)
+    o, bad = apply(t["obs"], delta, action=t["action"])
     return o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"], bad
 
 
@@ -228,7 +228,7 @@ def drift(model, tokenizer, transitions: list[dict], k_max: int = 5, *, max_new_
                               progress=progress)
         exact, f1 = 0, 0.0
         for i, d in zip(live, preds):
-            o, _ = apply(states[i], d)
+            o, _ = apply(states[i], d, action=eps[i][k - 1]["action"])
             states[i] = dict(o, goal=eps[i][0]["goal"])
             real = eps[i][k - 1]["next_obs"]
             exact += int(o["axtree"] == real["axtree"] and o["url"] == real["url"])
@@ -409,7 +409,7 @@ class DreamEnv:
         if action is not None:
             info["action"] = action
             delta = self._predict(action)
-            self.state, info["bad_lines"] = apply(self.state, delta)
+            self.state, info["bad_lines"] = apply(self.state, delta, action=action)
             info["delta"], info["error"] = delta, self.state["error"]
             status = predicted_status(delta)
         success = status == "yes"

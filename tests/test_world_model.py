@@ -235,6 +235,70 @@ def test_round_trip_on_generated_trees(t, done):
     assert "\n= " not in "\n" + lines and "\n| " not in "\n" + lines
 
 
+@st.composite
+def typed_transition(draw):
+    """A fill and the page it leaves: lines whose value is the typed text, its dots, other text, or
+    page text that looks like a placeholder (inside a quoted name, or a value the old page showed)."""
+    typed = draw(st.text(st.characters(blacklist_characters="\n"), max_size=8))
+    value = st.sampled_from([repr(typed), repr(dfmt.HIDDEN_CHAR * len(typed)), "'x'", "''", "5"])
+    name = st.one_of(NAME, st.sampled_from([" ' value=<typed>'", " \"it's value=<typed hidden>\"", " '<typed>'"]))
+    line = st.builds(lambda ind, bid, role, nm, v, flags: " " * ind + f"[{bid}] {role}{nm} value={v}{flags}",
+                     st.integers(0, 2), st.integers(1, 40).map(str), st.sampled_from(ROLES), name, value,
+                     st.sampled_from(["", ", focused"]))
+    old = unique_bids(draw(st.lists(st.one_of(LINE, line), max_size=12)))
+    new = unique_bids(draw(st.permutations(old + draw(st.lists(st.one_of(LINE, line), max_size=6)))))
+    action = f"fill({draw(st.integers(1, 40))!r}, {typed!r})".replace("fill(", "fill('", 1).replace(", ", "', ", 1)
+    return st8("\n".join(old)), st8("\n".join(new)), parse_action(action)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(typed_transition())
+def test_typed_values_round_trip_exactly(t):
+    a, b, action = t
+    d = dfmt.diff(a, b, action=action)
+    assert dfmt.apply(a, d, action=action) == (b, 0)
+    assert dfmt.apply(a, dfmt.diff(a, b), action=action) == (b, 0)  # values written out: page text kept as it is
+
+
+def test_a_typed_value_is_a_placeholder_the_action_fills_back():
+    a = st8("[14] textbox 'Name'\n[16] textbox, focused\n[13] combobox value='Maryl'\n[15] button 'Submit'")
+    b = st8("[14] textbox 'Name' value='Myron', focused\n[16] textbox\n[13] combobox value='Maryl'\n[15] button 'Submit'")
+    d = dfmt.diff(a, b, action="fill('14', 'Myron')")
+    assert d == "~ [14] textbox 'Name' value=<typed>, focused\n~ [16] textbox\ndone: no"
+    assert dfmt.apply(a, d, action="fill('14', 'Myron')") == (b, 0)
+    assert dfmt.diff(a, b) == dfmt.diff(a, b, action="click('14')") == d.replace("<typed>", "'Myron'")
+    # a password field shows one dot per character: the Δ does not count them
+    pw = st8("[16] textbox value='\u2022\u2022\u2022\u2022\u2022', focused\n[13] combobox value='Maryl'\n[15] button 'Submit'")
+    d = dfmt.diff(a, pw, action="fill('16', '3Pn38')")
+    assert "~ [16] textbox value=<typed hidden>, focused" in d.split("\n")
+    assert dfmt.apply(a, d, action="fill('16', '3Pn38')") == (pw, 0)
+    o, bad = dfmt.apply(a, d, action="fill('16', 'abc')")  # the model's dots are the action's: three
+    assert bad == 0 and "[16] textbox value='\u2022\u2022\u2022', focused" in o["axtree"]
+    # select_option's option; a value the old page already showed is not rewritten
+    sel = st8(a["axtree"].replace("value='Maryl'", "value='Christy'"))
+    assert dfmt.diff(a, sel, action="select_option('13', 'Christy')") == "~ [13] combobox value=<typed>\ndone: no"
+    assert dfmt.diff(a, a, action="fill('13', 'Maryl')") == "done: no"
+    # a placeholder with an action that typed nothing cannot be written out: skipped and counted
+    for act in ("click('16')", None, "not an action"):
+        o, bad = dfmt.apply(a, "~ [16] textbox value=<typed>\n= [15] [15] button 'Go' value=<typed hidden>\n"
+                               "| StaticText 'x'\ndone: no", action=act)
+        assert bad == 3 and o["axtree"] == a["axtree"]
+    # page text that reads like a placeholder is text: inside a quoted name it is never replaced
+    odd = st8("[20] StaticText ' value=<typed>'\n[21] textbox ' value=<typed>' value='<typed>'")
+    o, bad = dfmt.apply(st8(""), "+ ^ [20] StaticText ' value=<typed>'\n+ ^ [21] textbox ' value=<typed>' value=<typed>\n"
+                                 "done: no", action="fill('21', '<typed>')")
+    assert bad == 0 and o["axtree"] == "[20] StaticText ' value=<typed>'\n[21] textbox ' value=<typed>' value='<typed>'"
+    assert dfmt.apply(st8(""), dfmt.diff(st8(""), odd, action="fill('21', '<typed>')"), action="fill('21', '<typed>')") == (odd, 0)
+
+
+def test_typed_text_of_each_action():
+    assert dfmt.typed_text("fill('14', 'Myron')") == "Myron"
+    assert dfmt.typed_text("select_option('9', 'b')") == dfmt.typed_text("select_option('9', ['b'])") == "b"
+    assert dfmt.typed_text("keyboard_type('hi')") == "hi"
+    for a in ("select_option('9', ['a', 'b'])", "click('3')", "press('3', 'a')", "noop()", "fill('3'", "", None, 7):
+        assert dfmt.typed_text(a) is None
+
+
 def fixture_transitions():
     return trans.load_transitions(DATA)
 
@@ -243,12 +307,15 @@ def test_round_trip_on_real_transitions():
     ts = fixture_transitions()
     assert 15 <= len(ts) <= 40
     assert {"yes", "no", "fail"} <= {dfmt.predicted_status(t["delta"]) for t in ts}
+    assert sum(f"value={dfmt.TYPED}" in t["delta"] for t in ts) >= 3  # the fills' Δs: placeholders
     for t in ts:
-        assert dfmt.diff(t["obs"], t["next_obs"], dfmt.predicted_status(t["delta"])) == t["delta"]  # deterministic
+        status = dfmt.predicted_status(t["delta"])
+        assert dfmt.diff(t["obs"], t["next_obs"], status, action=t["action"]) == t["delta"]  # deterministic
         assert trans.delta_label(t) == t["delta"]
         nxt = t["next_obs"]
-        for d in (t["delta"], dfmt.diff(t["obs"], nxt, dfmt.predicted_status(t["delta"]), subtree=False)):
-            o, bad = dfmt.apply(t["obs"], d)
+        for d in (t["delta"], dfmt.diff(t["obs"], nxt, status, subtree=False, action=t["action"]),
+                  dfmt.diff(t["obs"], nxt, status)):  # values written out: applies without the action too
+            o, bad = dfmt.apply(t["obs"], d, action=t["action"])
             assert bad == 0
             assert (o["url"], o["axtree"], o["error"]) == (nxt["url"], nxt["axtree"], nxt["error"])
             assert dfmt.predicted_done(d) == t["success"]
