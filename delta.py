@@ -598,9 +598,24 @@ def drop_shown(hidden: str, tree: list[str]) -> str:
     return hidden if len(kept) == len(blocks) else "\n".join(x for b in kept for x in b)
 
 
-def delta_lines(delta: str) -> list[str]:
-    """The Δ's non-empty lines other than `done:` (what line precision/recall compare)."""
-    return [x for x in (delta or "").split("\n") if x.strip() and not _OP_DONE.match(x)]
+def _written_out(op: str, typed: str | None) -> str:
+    """One Δ line with the placeholder of its LINE (if any) written out from `typed` (kept when None)."""
+    for rx, g in ((_OP_BLOCK, 1), (_OP_HEADER, 0), (_OP_REMOVE, 0), (_OP_ADD, 2), (_OP_SUBTREE, 2),
+                  (_OP_CHANGE_AT, 2), (_OP_CHANGE, 1)):  # parse_delta's order
+        m = rx.match(op)
+        if m:
+            line = m.group(g) if g else None
+            new = untype_value(line, typed) if line else None
+            return op if new is None else op[:m.start(g)] + new + op[m.end(g):]
+    return op
+
+
+def delta_lines(delta: str, action: str | None = None) -> list[str]:
+    """The Δ's non-empty lines other than `done:` (what line precision/recall compare), each value
+    placeholder written out from the text `action` typed, so Δs written with and without
+    TYPED_VALUES compare alike."""
+    typed = typed_text(action)
+    return [_written_out(x, typed) for x in (delta or "").split("\n") if x.strip() and not _OP_DONE.match(x)]
 
 def tree_f1(a: str, b: str) -> float:
     """F1 of the multisets of lines of two flattened trees (1.0 when both are empty)."""

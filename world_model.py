@@ -185,7 +185,7 @@ def score_predictions(transitions: list[dict], preds: list[str]) -> dict:
         same, nb = next_page_match(t, d)
         exact += int(same)
         bad += nb
-        p, q = Counter(delta_lines(d)), Counter(delta_lines(delta_label(t)))
+        p, q = Counter(delta_lines(d, t["action"])), Counter(delta_lines(delta_label(t), t["action"]))
         tp += sum((p & q).values())
         n_pred += sum(p.values())
         n_true += sum(q.values())
