@@ -449,6 +449,8 @@ if __name__ == "__main__":
     ap.add_argument("--collect", default=None, help="append transitions (JSONL) to this file")
     ap.add_argument("--tasks", default=",".join(webenv.SUITE), help="comma-separated MiniWoB tasks")
     ap.add_argument("--seeds", type=int, default=20, help="episodes per task")
+    ap.add_argument("--seed-offset", type=int, default=0, help="--collect: start at this training seed (env.train_seeds; "
+                    "more transitions beside a file collected from offset 0 with --seeds N: --seed-offset N)")
     ap.add_argument("--eval-seeds", action="store_true", help="use held-out EVAL seeds instead of train seeds")
     ap.add_argument("--random-frac", type=float, default=0.3, help="share of random actions among the expert's")
     ap.add_argument("--max-steps", type=int, default=6, help="step limit per episode")
@@ -463,6 +465,8 @@ if __name__ == "__main__":
     ap.add_argument("--compare", nargs=2, metavar="PREDICTIONS", default=None,
                     help="two --eval predictions files (A B): B's paired gain in exact next pages, overall and per task")
     a = ap.parse_args()
+    if a.seed_offset and a.eval_seeds:
+        ap.error("--seed-offset takes training seeds; --eval-seeds are always the first --seeds of the held-out range")
     tasks = [t for t in a.tasks.split(",") if t]
     if a.policy and not a.collect:
         ap.error("--policy chooses the actions of --collect; give --collect FILE too")
@@ -471,7 +475,7 @@ if __name__ == "__main__":
             print(f"{name:24s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
                   f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
     if a.collect:
-        seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds)
+        seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds, a.seed_offset)
         policy_fn = checkpoint_policy(a.policy, temperature=a.temperature) if a.policy else None
         print(collect_transitions(tasks, seeds, a.collect, policy_fn=policy_fn, random_frac=a.random_frac,
                                   max_steps=a.max_steps, progress=True))

@@ -1,0 +1,100 @@
+"""How sure the world model is of its `done:` line: P(done: yes), and false positives by threshold.
+
+    python done_calibration.py runs/wm/final --data runs/wm_eval.jsonl \
+        --predictions runs/wm/final/wm_eval_predictions.jsonl      # from world_model.py --eval
+
+The world model ends a dream, and rewards it, when its Δ says `done: yes` (world_model.DreamEnv). A
+threshold on the probability of that `yes` trades false positives (an imagined success the real page
+would not give) for false negatives. For each transition this reads the model's distribution at its
+`done:` line, teacher-forced after its own predicted Δ lines (the prediction world_model.py --eval
+wrote), normalised over `yes`, `no` and `fail`, and counts, for each threshold, the transitions called
+done (P(yes) above it) against the real outcome. Read thresholds on data the model was not trained
+on, and choose one on other data than the data it is reported on.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+import compress
+import world_model as wm
+
+STATUSES = ("yes", "no", "fail")
+
+
+def done_p_yes(model, tokenizer, transitions: list[dict], deltas: list[str], *, max_prompt_tokens: int = 1024,
+               progress: bool = False) -> list[float]:
+    """P(`done: yes`) per transition: softmax over the three status tokens at the position after
+    `done:`, the prompt (wm_prompt of goal, o_t, a_t) and the Δ's lines other than `done:` teacher-forced.
+    One forward pass per transition; deltas[i] is transition i's predicted Δ. Errors: ValueError if the
+    lengths differ, or if the tokenizer writes a status as more than one token after `done:`."""
+    if len(transitions) != len(deltas):
+        raise ValueError(f"{len(transitions)} transitions but {len(deltas)} Δs")
+    head = compress.encode_text(tokenizer, "done:")
+    ids = []
+    for s in STATUSES:
+        full = compress.encode_text(tokenizer, f"done: {s}")
+        if full[:len(head)] != head or len(full) != len(head) + 1:
+            raise ValueError(f"`done: {s}` is not `done:` and one token under this tokenizer: {full}")
+        ids.append(full[-1])
+    from tqdm import tqdm
+
+    out = []
+    model.eval()
+    with torch.no_grad():
+        for t, d in tqdm(list(zip(transitions, deltas)), desc="P(done: yes)", disable=not progress, leave=False):
+            body = [x for x in (d or "").split("\n") if not x.startswith("done:")]
+            prompt = wm.wm_prompt(tokenizer, t["goal"], t["obs"], t["action"], max_prompt_tokens)
+            x = prompt + compress.encode_text(tokenizer, "\n".join(body + ["done:"]))
+            logits = model(torch.tensor([x])).logits[0, -1].float()  # (V,)
+            out.append(torch.softmax(logits[ids], -1)[0].item())
+    return out
+
+
+def by_threshold(transitions: list[dict], p_yes: list[float], thresholds=(0.5, 0.7, 0.8, 0.9, 0.95, 0.99)) -> dict:
+    """{threshold: {false_positives, negatives, true_positives, positives, false_positive_rate, accuracy}},
+    a transition called done when its P(yes) > threshold, against t["success"]."""
+    res = {}
+    for th in thresholds:
+        fp = sum(p > th for t, p in zip(transitions, p_yes) if not t["success"])
+        tp = sum(p > th for t, p in zip(transitions, p_yes) if t["success"])
+        neg = sum(not t["success"] for t in transitions)
+        pos = len(transitions) - neg
+        res[th] = {"false_positives": fp, "negatives": neg, "true_positives": tp, "positives": pos,
+                   "false_positive_rate": fp / neg if neg else 0.0,
+                   "accuracy": (tp + neg - fp) / len(transitions) if transitions else 0.0}
+    return res
+
+
+if __name__ == "__main__":
+    import argparse
+
+    import policy
+    from transitions import load_transitions
+
+    ap = argparse.ArgumentParser(description="The world model's P(done: yes) by threshold against real outcomes.")
+    ap.add_argument("checkpoint", help="the world model (train.py --mode wm)")
+    ap.add_argument("--data", default="runs/wm_eval.jsonl", help="the transitions world_model.py --eval scored")
+    ap.add_argument("--predictions", required=True, help="its <out>_predictions.jsonl (one predicted Δ per transition)")
+    ap.add_argument("--thresholds", default="0.5,0.7,0.8,0.9,0.95,0.99", help="comma-separated P(yes) thresholds")
+    ap.add_argument("--out", default="", help="also write each transition's P(yes) and the table here as JSON")
+    a = ap.parse_args()
+    data = load_transitions(a.data)
+    preds = [json.loads(line) for line in open(a.predictions, encoding="utf-8")]
+    key = lambda r: (r["task"], r["seed"], r["step"])  # noqa: E731
+    if [key(r) for r in preds] != [key(t) for t in data]:
+        ap.error(f"{a.predictions} does not hold one prediction per transition of {a.data}, in order")
+    wm.check_delta_format(a.checkpoint)
+    model, tok = policy.load_model(a.checkpoint)
+    p = done_p_yes(model, tok, data, [r["predicted"] for r in preds], progress=True)
+    table = by_threshold(data, p, [float(x) for x in a.thresholds.split(",") if x])
+    for th, r in table.items():
+        print(f"P(yes) > {th:<5}: false positives {r['false_positives']:3d} of {r['negatives']} "
+              f"({r['false_positive_rate']:.1%}), completions {r['true_positives']:3d} of {r['positives']}, "
+              f"accuracy {r['accuracy']:.1%}")
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump({"by_threshold": table, "p_yes": [{**dict(zip(("task", "seed", "step"), key(t))),
+                                                         "success": bool(t["success"]), "p_yes": x}
+                                                        for t, x in zip(data, p)]}, f, indent=1)
