@@ -741,6 +741,11 @@ def test_a_world_model_checkpoint_records_its_delta_format_and_a_mismatch_is_ref
     monkeypatch.setattr(dfmt, "FOCUS_HEADER", not dfmt.FOCUS_HEADER)
     with pytest.raises(ValueError, match="delta_focus_header"):
         wm.check_delta_format(str(ckpt))
+    monkeypatch.setattr(dfmt, "FOCUS_HEADER", not dfmt.FOCUS_HEADER)
+    assert train.parse_args(["--mode", "wm"]).prompt_settings["delta_typed_values"] is dfmt.TYPED_VALUES
+    monkeypatch.setattr(dfmt, "TYPED_VALUES", not dfmt.TYPED_VALUES)  # apply reads both: not refused
+    wm.check_delta_format(str(ckpt))
+    monkeypatch.setattr(dfmt, "FOCUS_HEADER", not dfmt.FOCUS_HEADER)
     with pytest.raises(SystemExit):  # nor does train.py --mode wm continue from it
         train.parse_args(["--mode", "wm", "--init", str(ckpt)])
     assert "was trained with delta_focus_header" in capsys.readouterr().err
