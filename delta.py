@@ -86,7 +86,8 @@ MAX_LINES = 1000  # apply() never builds a tree longer than this (flatten_axtree
 # (typed_text: fill's value, select_option's option) and as `value=<typed hidden>` when it is one • per
 # character of that text (a password field): a world model then copies no text and counts no dots (17 of
 # the 5-epoch model's 69 held-out misses were a filled value, most of them a miscounted password;
-# docs/dreams.md). apply(o, Δ, action=a) writes the text back, so the round trip stays exact; apply reads
+# docs/dreams.md). apply(o, Δ, action=a) writes the text back, so the round trip stays exact on every tree
+# flatten_axtree writes (it quotes every text value: a bare `value=<typed>` only occurs in a Δ); apply reads
 # both forms whatever this switch says, so a model trained with either applies. False: values written out.
 TYPED_VALUES = True
 TYPED, TYPED_HIDDEN = "<typed>", "<typed hidden>"
@@ -118,16 +119,22 @@ def as_state(o) -> dict:
             "error": o.get("error", "") or "", "hidden": o.get("hidden", "") or ""}
 
 
+_TYPING = {"fill": 2, "select_option": 2, "keyboard_type": 1, "keyboard_insert_text": 1}  # name: arity (text last)
+
+
 def typed_text(action: str | None) -> str | None:
     """The text `action` types into a field: fill's value, select_option's option (one option, given as
-    text) or keyboard_type's and keyboard_insert_text's text; None for any other action and for text
-    that is not a canonical action (parse_action's output). Never raises."""
+    text or a one-item list) or keyboard_type's and keyboard_insert_text's text; None for any other
+    action, for a call with another number of arguments than its grammar's, and for text that does not
+    parse as a call (a parse error's raw text, None). Never raises."""
     try:
         name, args = split_action(action)
-    except Exception:  # not a canonical action (a parse error's raw text, None, ...)
+    except Exception:
         return None
-    text = args[-1] if args and name in ("fill", "select_option", "keyboard_type", "keyboard_insert_text") else None
-    if isinstance(text, list) and len(text) == 1:  # select_option('9', ['a'])
+    if _TYPING.get(name) != len(args):
+        return None
+    text = args[-1]
+    if name == "select_option" and isinstance(text, list) and len(text) == 1:  # select_option('9', ['a'])
         text = text[0]
     return text if isinstance(text, str) else None
 

@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compress  # noqa: E402
 import done_calibration as dc  # noqa: E402
 import policy  # noqa: E402
+import world_model as wm  # noqa: E402
 
 
 def test_p_yes_is_read_after_the_delta_lines_and_done(tok):
@@ -29,18 +30,21 @@ def test_p_yes_is_read_after_the_delta_lines_and_done(tok):
                                 with_kwargs=True)
     t = {"goal": "Click OK.", "obs": {"url": "u", "axtree": "[3] button 'OK'", "error": ""}, "action": "click('3')",
          "success": True}
-    delta = "~ [3] button 'OK', focused\ndone: no"
+    delta = "~ [3] button 'OK', focused\n+ [3] StaticText 'Thanks'\ndone: no"
     (p,) = dc.done_p_yes(m, tok, [t], [delta])
     assert p == pytest.approx(float(torch.softmax(torch.tensor([2.0, 0.0, -1.0]), 0)[0]), abs=1e-5)
-    body = compress.encode_text(tok, "~ [3] button 'OK', focused\ndone:")
-    assert seen[-1][-len(body):] == body and seen[-1][-len(head):] == head  # its own line, then `done:`, not `no`
+    # the model read: the world model's prompt for (goal, page, action), its own Δ lines, then `done:` (not `no`)
+    prompt = wm.wm_prompt(tok, t["goal"], t["obs"], t["action"])
+    body = compress.encode_text(tok, "~ [3] button 'OK', focused\n+ [3] StaticText 'Thanks'\ndone:")
+    assert seen[-1] == prompt + body and body[-len(head):] == head
     with pytest.raises(ValueError):
         dc.done_p_yes(m, tok, [t], [])
 
 
 def test_by_threshold_counts_against_the_real_outcome():
-    ts = [{"success": s} for s in (True, True, False, False, False)]
-    table = dc.by_threshold(ts, [0.95, 0.6, 0.99, 0.7, 0.1], thresholds=(0.5, 0.9))
-    assert table[0.5] == {"false_positives": 2, "negatives": 3, "true_positives": 2, "positives": 2,
-                          "false_positive_rate": 2 / 3, "accuracy": 3 / 5}
-    assert (table[0.9]["false_positives"], table[0.9]["true_positives"], table[0.9]["accuracy"]) == (1, 1, 3 / 5)
+    ts = [{"success": s} for s in (True, True, False, False, False, True, False)]
+    table = dc.by_threshold(ts, [0.95, 0.6, 0.99, 0.7, 0.1, 0.9, 0.5], thresholds=(0.5, 0.9))
+    assert table[0.5] == {"false_positives": 2, "negatives": 4, "true_positives": 3, "positives": 3,
+                          "false_positive_rate": 2 / 4, "accuracy": 5 / 7}
+    # called done above the threshold only: 0.5 is not above 0.5, nor 0.9 above 0.9
+    assert (table[0.9]["false_positives"], table[0.9]["true_positives"], table[0.9]["accuracy"]) == (1, 1, 4 / 7)

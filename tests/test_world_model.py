@@ -20,8 +20,8 @@ import policy  # noqa: E402
 import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
-from actions import parse_action  # noqa: E402
-from axtree import line_bid  # noqa: E402
+from actions import WEB_ACTIONS, parse_action  # noqa: E402
+from axtree import line_bid, quote  # noqa: E402
 from env import Obs  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "transitions.jsonl")
@@ -240,15 +240,17 @@ def typed_transition(draw):
     """A fill and the page it leaves: lines whose value is the typed text, its dots, other text, or
     page text that looks like a placeholder (inside a quoted name, or a value the old page showed)."""
     typed = draw(st.text(st.characters(blacklist_characters="\n"), max_size=8))
-    value = st.sampled_from([repr(typed), repr(dfmt.HIDDEN_CHAR * len(typed)), "'x'", "''", "5"])
+    value = st.sampled_from([quote(typed), quote(dfmt.HIDDEN_CHAR * len(typed)), "'x'", "''", "5"])
     name = st.one_of(NAME, st.sampled_from([" ' value=<typed>'", " \"it's value=<typed hidden>\"", " '<typed>'"]))
     line = st.builds(lambda ind, bid, role, nm, v, flags: " " * ind + f"[{bid}] {role}{nm} value={v}{flags}",
                      st.integers(0, 2), st.integers(1, 40).map(str), st.sampled_from(ROLES), name, value,
                      st.sampled_from(["", ", focused"]))
     old = unique_bids(draw(st.lists(st.one_of(LINE, line), max_size=12)))
     new = unique_bids(draw(st.permutations(old + draw(st.lists(st.one_of(LINE, line), max_size=6)))))
-    action = f"fill({draw(st.integers(1, 40))!r}, {typed!r})".replace("fill(", "fill('", 1).replace(", ", "', ", 1)
-    return st8("\n".join(old)), st8("\n".join(new)), parse_action(action)
+    bid = str(draw(st.integers(1, 40)))
+    action = draw(st.sampled_from([f"fill({bid!r}, {typed!r})", f"select_option({bid!r}, {typed!r})",
+                                   f"select_option({bid!r}, [{typed!r}])", f"keyboard_type({typed!r})"]))
+    return st8("\n".join(old)), st8("\n".join(new)), parse_action(action, WEB_ACTIONS)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -298,7 +300,8 @@ def test_typed_text_of_each_action():
     assert dfmt.typed_text("fill('14', 'Myron')") == "Myron"
     assert dfmt.typed_text("select_option('9', 'b')") == dfmt.typed_text("select_option('9', ['b'])") == "b"
     assert dfmt.typed_text("keyboard_type('hi')") == "hi"
-    for a in ("select_option('9', ['a', 'b'])", "click('3')", "press('3', 'a')", "noop()", "fill('3'", "", None, 7):
+    for a in ("select_option('9', ['a', 'b'])", "click('3')", "press('3', 'a')", "noop()", "fill('3'", "", None, 7,
+              "fill('14')", "fill('14', 'x', 'y')", "keyboard_type(['a'])", "fill('14', 3)"):
         assert dfmt.typed_text(a) is None
 
 
