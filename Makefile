@@ -13,7 +13,9 @@ WM_SEEDS ?= 40
 # the world model: 2 epochs under bf16 autocast (where BC_BF16): 65.7% exact next pages against 1.5 epochs in fp32's
 # 56.2% on the same 329 held-out transitions, 3,785 s; 3 epochs (WM_EPOCHS=3, measured with --micro-batch 4: the same
 # loss, 35 s a step against 45): 70.5%, 4,447 s; 5 epochs (WM_EPOCHS=5, measured likewise): 79.0%, 95.1% completion
-# accuracy, 7,033 s: d15 and d16 dreamed in it (DREAM_WM=runs/wm-e5/final; docs/dreams.md, README's world-model table)
+# accuracy, 7,033 s: d15 and d16 dreamed in it (DREAM_WM=runs/wm-e5/final; docs/dreams.md, README's world-model table).
+# All of these trained on Δs that spelled out typed values; labels now write them as value=<typed> (delta.TYPED_VALUES:
+# one epoch more on them from the 5-epoch model gave 84.5%); no model was trained from scratch on the new labels yet
 WM_EPOCHS ?= 2
 JUDGE_EPOCHS ?= 1
 RATIO   ?= 0.4
