@@ -67,6 +67,16 @@ def by_threshold(transitions: list[dict], p_yes: list[float], thresholds=(0.5, 0
     return res
 
 
+def auc(transitions: list[dict], p_yes: list[float]) -> float:
+    """The chance that a completed transition's P(yes) is above a failed one's (ties count half): how
+    well P(yes) separates them whatever the threshold. Errors: ValueError without both kinds."""
+    pos = [p for t, p in zip(transitions, p_yes) if t["success"]]
+    neg = [p for t, p in zip(transitions, p_yes) if not t["success"]]
+    if not pos or not neg:
+        raise ValueError("auc needs completed and failed transitions")
+    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -93,6 +103,8 @@ if __name__ == "__main__":
         print(f"P(yes) > {th:<5}: false positives {r['false_positives']:3d} of {r['negatives']} "
               f"({r['false_positive_rate']:.1%}), completions {r['true_positives']:3d} of {r['positives']}, "
               f"accuracy {r['accuracy']:.1%}")
+    if any(t["success"] for t in data) and not all(t["success"] for t in data):
+        print(f"AUC {auc(data, p):.3f} (P(yes) of a completion above a failure's)")
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump({"by_threshold": table, "p_yes": [{**dict(zip(("task", "seed", "step"), key(t))),

@@ -48,3 +48,8 @@ def test_by_threshold_counts_against_the_real_outcome():
                           "false_positive_rate": 2 / 4, "accuracy": 5 / 7}
     # called done above the threshold only: 0.5 is not above 0.5, nor 0.9 above 0.9
     assert (table[0.9]["false_positives"], table[0.9]["true_positives"], table[0.9]["accuracy"]) == (1, 1, 4 / 7)
+    # completions 0.95, 0.6, 0.9 against failures 0.99, 0.7, 0.1, 0.5: pairs ordered right 3 + 2 + 3 of 12
+    assert dc.auc(ts, [0.95, 0.6, 0.99, 0.7, 0.1, 0.9, 0.5]) == pytest.approx(8 / 12)
+    assert dc.auc(ts[:2] + ts[2:3], [0.5, 0.4, 0.5]) == pytest.approx(0.25)  # a tie counts half
+    with pytest.raises(ValueError):
+        dc.auc(ts[:2], [0.1, 0.2])
