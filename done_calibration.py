@@ -81,7 +81,8 @@ if __name__ == "__main__":
     import argparse
 
     import policy
-    from transitions import load_transitions
+    from runlog import read_jsonl
+    from transitions import load_transitions, transition_key
 
     ap = argparse.ArgumentParser(description="The world model's P(done: yes) by threshold against real outcomes.")
     ap.add_argument("checkpoint", help="the world model (train.py --mode wm)")
@@ -91,9 +92,8 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="", help="also write each transition's P(yes) and the table here as JSON")
     a = ap.parse_args()
     data = load_transitions(a.data)
-    preds = [json.loads(line) for line in open(a.predictions, encoding="utf-8")]
-    key = lambda r: (r["task"], r["seed"], r["step"])  # noqa: E731
-    if [key(r) for r in preds] != [key(t) for t in data]:
+    preds = read_jsonl(a.predictions)
+    if [transition_key(r) for r in preds] != [transition_key(t) for t in data]:
         ap.error(f"{a.predictions} does not hold one prediction per transition of {a.data}, in order")
     wm.check_delta_format(a.checkpoint)
     model, tok = policy.load_model(a.checkpoint)
@@ -107,6 +107,6 @@ if __name__ == "__main__":
         print(f"AUC {auc(data, p):.3f} (P(yes) of a completion above a failure's)")
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
-            json.dump({"by_threshold": table, "p_yes": [{**dict(zip(("task", "seed", "step"), key(t))),
+            json.dump({"by_threshold": table, "p_yes": [{"task": t["task"], "seed": t["seed"], "step": t["step"],
                                                          "success": bool(t["success"]), "p_yes": x}
                                                         for t, x in zip(data, p)]}, f, indent=1)
