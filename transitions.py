@@ -6,7 +6,7 @@
     r = replay(states[7], ["click('13')"])      # the same actions on real pages: did the dream come true?
 
 A transition is one real step: {task, seed, step, goal, obs: {url, axtree, error}, action, source
-(expert | policy | random), next_obs, delta (delta.diff, exact), reward, done, success, truncated},
+(expert | policy | random | near_miss), next_obs, delta (delta.diff, exact), reward, done, success, truncated},
 one JSON line each, an episode's steps consecutive from step 0.
 """
 from __future__ import annotations
@@ -58,6 +58,52 @@ def random_action(obs, rng: random.Random) -> str:
     return f"click({rng.choice(nodes)[0]!r})"
 
 
+_NEAR_MISS_VERBS = {"click", "dblclick", "check", "uncheck", "focus"}
+_SUBMIT_NAMES = ("Submit", "submit", "Login", "login")
+
+
+def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
+    """The expert's `action` with one argument swapped for a plausible wrong one, or None when there is none.
+
+    click / dblclick / check / uncheck / focus on bid b -> the same verb on another bid of b's role (another
+    link, button, checkbox, tab); fill(b, text) -> fill(b, other text) (a name from the page, `text` with
+    its case or last character changed, or a stock word); select_option(b, option) -> another option of the
+    page. Other verbs -> None. These are the world model's hard negatives: a step that looks like the
+    expert's but leaves the task unsolved, so a finish after it is `done: fail`, not `yes`.
+    `action` must be canonical (actions.parse_action's output); the result is too.
+    """
+    from actions import canonical, split_action
+
+    name, args = split_action(action)
+    nodes = [n for n in read_tree(as_state(obs)["axtree"]) if n.bid is not None and n.role]
+    if name in _NEAR_MISS_VERBS and args:
+        role = next((n.role for n in nodes if n.bid == args[0]), None)
+        others = [n.bid for n in nodes if n.role == role and n.bid != args[0]]
+        return canonical(name, [rng.choice(others)] + args[1:]) if role and others else None
+    if name == "fill" and len(args) == 2 and isinstance(args[1], str):
+        text = args[1]
+        pool = {n.name for n in nodes if n.name and n.role not in ("button", "StaticText")} | set(_WORDS)
+        if text:
+            pool |= {text.swapcase(), text[:-1] + ("x" if text[-1:] != "x" else "y")}
+        pool.discard(text)
+        return canonical(name, [args[0], rng.choice(sorted(pool))])
+    if name == "select_option" and len(args) == 2:
+        chosen = args[1] if isinstance(args[1], str) else (args[1] or [None])[0]
+        options = sorted({n.name for n in nodes if n.role == "option" and n.name and n.name != chosen})
+        return canonical(name, [args[0], rng.choice(options)]) if options else None
+    return None
+
+
+def submit_action(obs) -> str | None:
+    """A click on the page's Submit / Login button (the first by that name order), or None when it has none."""
+    nodes = [n for n in read_tree(as_state(obs)["axtree"]) if n.bid is not None and n.role == "button"]
+    for name in _SUBMIT_NAMES:
+        for n in nodes:
+            if n.name == name:
+                return f"click({n.bid!r})"
+    return None
+
+
 # One browser at a time, nothing else on the cores: BrowserGym's own 500 ms bound on an action's wait (not
 # the 3 s that 16 browsers on 2 cores need), so a random click on an element that is not actionable costs
 # half a second.
@@ -72,18 +118,23 @@ def _obs_record(o: Obs) -> dict:
 
 
 def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy_fn=None, random_frac: float = 0.3,
-                        max_steps: int = 6, progress: bool = False, rng_seed: int = 0) -> dict:
+                        near_miss_frac: float = 0.0, max_steps: int = 6, progress: bool = False,
+                        rng_seed: int = 0) -> dict:
     """Run real env.WebEnv episodes and append one JSON line per transition to `path`.
 
     Each step takes a random valid action (`random_action`) with probability `random_frac`, else
     `policy_fn(task, obs, history) -> text` if given (history: the episode's earlier turns, oldest first,
     each {"observation": page text, "response": the action text taken, random ones included}, as a
     rollout's prompt shows them; `checkpoint_policy` builds one), else the scripted expert
-    (experts.expert_action; a random action where the expert cannot read the page). Which seeds (train or held-out) is the
-    caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
+    (experts.expert_action; a random action where the expert cannot read the page). With probability
+    `near_miss_frac` an expert step is replaced by `near_miss_action` (when it has one), and then, half of the
+    time, the next step clicks the page's Submit button (`submit_action`) before the expert, which recovers
+    from any state, can undo the miss: finishes that look right but fail. Both are recorded as `near_miss`.
+    Which seeds (train or held-out) is the caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
     Record: {task, seed, step, goal, obs: {url, axtree, error, hidden (only when the page holds
-    hidden content: env.Obs.hidden)}, action, source (expert|policy|random), next_obs, delta, reward,
-    done, success, truncated}. Returns counts {transitions, episodes, success, env_error, random}.
+    hidden content: env.Obs.hidden)}, action, source (expert|policy|random|near_miss), next_obs, delta,
+    reward, done, success, truncated}. Returns counts {transitions, episodes, success, env_error, random,
+    near_miss}.
     """
     from tqdm import tqdm
 
@@ -108,10 +159,14 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                     done = obs.env_error
                     counts["env_error"] += int(done)
                     history: list[dict] = []
+                    submit_next = False
                     while not done:
                         source = "random"
                         text = None
-                        if rng.random() >= random_frac:
+                        if submit_next:  # the finish after a near miss, when the page has a Submit button
+                            text, submit_next = submit_action(obs), False
+                            source = "near_miss" if text else source
+                        if text is None and rng.random() >= random_frac:
                             try:
                                 text = policy_fn(task, obs, history) if policy_fn else expert_action(task, obs, rng)
                                 source = "policy" if policy_fn else "expert"
@@ -119,6 +174,10 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                                 if policy_fn:  # a policy's failure is a bug, not a page the expert cannot read
                                     raise
                                 logger.debug("expert failed on %s seed %s: %s", task, seed, e)
+                            if source == "expert" and near_miss_frac and rng.random() < near_miss_frac:
+                                miss = near_miss_action(text, obs, rng)
+                                if miss is not None:
+                                    text, source, submit_next = miss, "near_miss", rng.random() < 0.5
                         if text is None:
                             text = random_action(obs, rng)
                         nxt, reward, done, info = env.step(text)
@@ -135,6 +194,7 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
                         f.write(json.dumps(rec) + "\n")
                         counts["transitions"] += 1
                         counts["random"] += int(source == "random")
+                        counts["near_miss"] += int(source == "near_miss")
                         counts["success"] += int(info["success"])
                         history.append({"observation": obs.text, "response": text})
                         obs = nxt

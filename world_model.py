@@ -453,6 +453,8 @@ if __name__ == "__main__":
                     "more transitions beside a file collected from offset 0 with --seeds N: --seed-offset N)")
     ap.add_argument("--eval-seeds", action="store_true", help="use held-out EVAL seeds instead of train seeds")
     ap.add_argument("--random-frac", type=float, default=0.3, help="share of random actions among the expert's")
+    ap.add_argument("--near-miss-frac", type=float, default=0.0, help="--collect: share of expert steps swapped for a "
+                    "near miss (transitions.near_miss_action), half of them then submitted: finishes that fail")
     ap.add_argument("--max-steps", type=int, default=6, help="step limit per episode")
     ap.add_argument("--policy", default=None, help="--collect: a policy checkpoint acts instead of the scripted expert "
                     "(policy samples; random actions still at --random-frac)")
@@ -468,6 +470,8 @@ if __name__ == "__main__":
     if a.seed_offset and a.eval_seeds:
         ap.error("--seed-offset takes training seeds; --eval-seeds are always the first --seeds of the held-out range")
     tasks = [t for t in a.tasks.split(",") if t]
+    if a.policy and a.near_miss_frac:
+        ap.error("--near-miss-frac swaps the scripted expert's steps; with --policy there are none")
     if a.policy and not a.collect:
         ap.error("--policy chooses the actions of --collect; give --collect FILE too")
     if a.compare:
@@ -478,7 +482,7 @@ if __name__ == "__main__":
         seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds, a.seed_offset)
         policy_fn = checkpoint_policy(a.policy, temperature=a.temperature) if a.policy else None
         print(collect_transitions(tasks, seeds, a.collect, policy_fn=policy_fn, random_frac=a.random_frac,
-                                  max_steps=a.max_steps, progress=True))
+                                  near_miss_frac=a.near_miss_frac, max_steps=a.max_steps, progress=True))
     if a.eval:
         check_delta_format(a.eval)
         m, tok = policy.load_model(a.eval)

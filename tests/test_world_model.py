@@ -586,6 +586,46 @@ def test_random_actions_are_valid_actions():
             assert parse_action(a) == a
 
 
+def test_near_miss_actions_swap_one_argument_for_a_wrong_one():
+    import random
+
+    obs = Obs(goal="g", url="u", axtree="[3] link 'alpha'\n[4] link 'beta'\n[5] button 'Submit'\n[6] textbox 'User'\n"
+                                         "[7] combobox 'Pick'\n[8] option 'red'\n[9] option 'blue'\n[10] checkbox 'x'")
+    rng = random.Random(0)
+    for _ in range(20):
+        assert trans.near_miss_action("click('3')", obs, rng) == "click('4')"  # the one other link, never a button
+        assert trans.near_miss_action("select_option('7', 'red')", obs, rng) == "select_option('7', 'blue')"
+        assert trans.near_miss_action("select_option('7', ['blue'])", obs, rng) == "select_option('7', 'red')"
+        miss = trans.near_miss_action("fill('6', 'Alice')", obs, rng)
+        assert miss.startswith("fill('6', ") and miss != "fill('6', 'Alice')" and parse_action(miss) == miss
+    assert trans.near_miss_action("click('5')", obs, rng) is None      # the only button: nothing to swap it for
+    assert trans.near_miss_action("check('10')", obs, rng) is None
+    assert trans.near_miss_action("press('6', 'Enter')", obs, rng) is None
+    assert trans.submit_action(obs) == "click('5')"
+    assert trans.submit_action(Obs(goal="g", url="u", axtree="[3] button 'OK'")) is None
+
+
+@pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
+def test_collect_near_misses_records_wrong_finishes(tmp_path):
+    """Every expert step swapped: click-link's wrong link ends the episode as a failure, recorded as near_miss."""
+    path = str(tmp_path / "t.jsonl")
+    counts = trans.collect_transitions(["click-link"], [0], path, random_frac=0.0, near_miss_frac=1.0, max_steps=1)
+    (t,) = trans.load_transitions(path)
+    assert counts["near_miss"] == 1 and t["source"] == "near_miss"
+    import experts
+
+    expert = experts.expert_action("click-link", Obs(goal=t["goal"], url=t["obs"]["url"], axtree=t["obs"]["axtree"]))
+    assert not t["success"] and t["delta"] == "done: fail" and t["action"] != expert
+
+    path = str(tmp_path / "login.jsonl")  # a wrong field, then (half of the time) Login at once: a failed finish
+    trans.collect_transitions(["login-user"], [0, 1, 2, 3], path, random_frac=0.0, near_miss_frac=1.0, max_steps=3)
+    rows = trans.load_transitions(path)
+    finishes = [(a, b) for a, b in zip(rows, rows[1:]) if (a["task"], a["seed"]) == (b["task"], b["seed"])
+                and b["source"] == "near_miss" and b["action"] == trans.submit_action(b["obs"])]
+    assert finishes and all(a["source"] == "near_miss" and a["action"].startswith("fill(") for a, _ in finishes)
+    assert all(b["delta"].endswith("done: fail") for _, b in finishes)
+
+
 @pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
 def test_collect_one_real_transition(tmp_path):
     path = str(tmp_path / "t.jsonl")
