@@ -41,13 +41,14 @@ def done_p_yes(model, tokenizer, transitions: list[dict], deltas: list[str], *, 
     from tqdm import tqdm
 
     out = []
+    device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
         for t, d in tqdm(list(zip(transitions, deltas)), desc="P(done: yes)", disable=not progress, leave=False):
             body = [x for x in (d or "").split("\n") if not x.startswith("done:")]
             prompt = wm.wm_prompt(tokenizer, t["goal"], t["obs"], t["action"], max_prompt_tokens)
             x = prompt + compress.encode_text(tokenizer, "\n".join(body + ["done:"]))
-            logits = model(torch.tensor([x])).logits[0, -1].float()  # (V,)
+            logits = model(torch.tensor([x], device=device)).logits[0, -1].float()  # (V,)
             out.append(torch.softmax(logits[ids], -1)[0].item())
     return out
 

@@ -298,7 +298,9 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                                          max_batch=args.num_envs, max_prompt_tokens=args.max_prompt_tokens)
         # A dream step waits for a batch of up to num_envs Δs (DeltaServer), so its time limit scales
         # with them; a dream has no page that can hang.
-        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len, server=server),
+        pool = rollouts.EnvPool(lambda task: world_model.DreamEnv(wm, wm_tok, states, args.dream_len, server=server,
+                                                                      max_prompt_tokens=args.max_prompt_tokens,
+                                                                      done_threshold=args.done_threshold),
                                 tok, num_envs=args.num_envs, step_timeout=args.step_timeout * args.num_envs)
         if args.dream_reward != "done":
             judge_model, judge_tok = policy.load_model(args.judge, device=device)

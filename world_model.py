@@ -343,8 +343,12 @@ class DreamEnv:
     pages. step(text) parses the action like WebEnv (a parse error costs a step, changes nothing and
     is shown as Obs.error), predicts Δ greedily and applies it. The episode ends when Δ says
     `done: yes` (reward 1) or `done: fail` (reward 0), or after `dream_len` steps (truncated).
-    info: WebEnv's keys (action, error, success, env_error, raw_reward, truncated) plus delta and
-    bad_lines.
+    With `done_threshold` above 0.5, a `done: yes` counts only when the model's P(yes) over yes / no /
+    fail, teacher-forced after its Δ lines (done_calibration.done_p_yes: one more forward pass, only on
+    such steps), is above it; below, the step reads as `done: no` and the dream goes on. At 0.5 the
+    greedy line is read as it is (a greedy `yes` has P(yes) above 0.5 or ties).
+    info: WebEnv's keys (action, error, success, env_error, raw_reward, truncated) plus delta,
+    bad_lines, and p_yes (None unless a `yes` was checked against the threshold).
 
     Δ generation: with `server` (a DeltaServer shared by every DreamEnv of a rollout) the Δs of all
     waiting dreams are generated in one batched call; without it each step is its own batch-1
@@ -355,17 +359,19 @@ class DreamEnv:
 
     def __init__(self, model, tokenizer, start_states: list[dict], dream_len: int = 5, *, task: str | None = None,
                  max_new_tokens: int = 256, max_prompt_tokens: int = 1024, bf16: bool = False,
-                 server: DeltaServer | None = None):
+                 server: DeltaServer | None = None, done_threshold: float = 0.5):
         states = [s for s in start_states if task is None or s.get("task") == task]
         if not states:
             raise ValueError(f"DreamEnv needs at least one start state{f' of task {task!r}' if task else ''}")
         if dream_len < 1:
             raise ValueError(f"dream_len must be >= 1, got {dream_len}")
+        if not 0.5 <= done_threshold < 1.0:
+            raise ValueError(f"done_threshold must be in [0.5, 1), got {done_threshold}")
         tasks = {s.get("task") for s in states}
         self.task = task or (tasks.pop() if len(tasks) == 1 else None)
         self.model, self.tokenizer, self.states, self.dream_len = model, tokenizer, states, dream_len
         self.max_new_tokens, self.max_prompt_tokens, self.bf16 = max_new_tokens, max_prompt_tokens, bf16
-        self.server = server
+        self.server, self.done_threshold = server, done_threshold
         self.state: dict | None = None
         self.seed: int | None = None
         self.goal = ""
@@ -400,7 +406,7 @@ class DreamEnv:
             raise RuntimeError("step() called on a finished episode; call reset(seed) first")
         self.t += 1
         info = {"action": None, "error": "", "success": False, "env_error": False, "raw_reward": 0.0,
-                "truncated": False, "delta": "", "bad_lines": 0}
+                "truncated": False, "delta": "", "bad_lines": 0, "p_yes": None}
         try:
             action = parse_action(text)
         except ActionParseError as e:
@@ -409,9 +415,18 @@ class DreamEnv:
         if action is not None:
             info["action"] = action
             delta = self._predict(action)
+            before = self.state
             self.state, info["bad_lines"] = apply(self.state, delta, action=action)
             info["delta"], info["error"] = delta, self.state["error"]
             status = predicted_status(delta)
+            if status == "yes" and self.done_threshold > 0.5:
+                from done_calibration import done_p_yes  # lazily: done_calibration imports this module
+
+                with _PREDICT_LOCK:
+                    (info["p_yes"],) = done_p_yes(self.model, self.tokenizer,
+                                                  [{"goal": self.goal, "obs": before, "action": action}], [delta],
+                                                  max_prompt_tokens=self.max_prompt_tokens)
+                status = "yes" if info["p_yes"] > self.done_threshold else "no"
         success = status == "yes"
         truncated = status == "no" and self.t >= self.dream_len
         self.done = status != "no" or truncated

@@ -197,6 +197,8 @@ def torch_equal(x, y):
     (["--mode", "dream", "--real-ratio", "-0.1"], "--real-ratio must be in [0, 1]"),
     (["--mode", "dream", "--dream-len", "0"], "--dream-len must be at least 1"),
     (["--mode", "dream", "--dream-max-stage", "-1"], "--dream-max-stage must be at least 0"),
+    (["--mode", "dream", "--done-threshold", "1.0"], "--done-threshold must be in [0.5, 1)"),
+    (["--mode", "dream", "--done-threshold", "0.3"], "--done-threshold must be in [0.5, 1)"),
     (["--mode", "dream", "--world-model", "/nonexistent/wm"], "python train.py --mode wm"),
     (["--mode", "dream", "--real-ratio", "1", "--bc-coef", "1"], "--bc-coef C (>= 0) applies to --mode real"),
     (["--mode", "real", "--bc-coef", "-1"], "--bc-coef C (>= 0) applies to --mode real"),

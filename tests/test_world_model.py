@@ -751,6 +751,39 @@ def test_dream_env_asks_its_server(tok):
     assert (reward, done) == (1.0, True) and obs.axtree.startswith("[14] textbox value='Myron'")
 
 
+def test_dream_env_done_threshold_reads_p_yes(tok, monkeypatch):
+    """With done_threshold above 0.5 a `done: yes` counts only when done_p_yes (teacher-forced after the Δ,
+    on the page before the step) is above it; below it the dream goes on with reward 0."""
+    import done_calibration
+
+    state = {"task": "enter-text", "goal": "Enter \"Myron\".", "url": "u", "axtree": "[14] textbox\n[15] button 'Submit'"}
+    delta = "~ [14] textbox value=<typed>\ndone: yes"
+
+    class Server:
+        def predict(self, s, a):
+            return delta
+
+    model = policy.tiny_model(tok, seed=2)
+    (p,) = done_calibration.done_p_yes(model, tok, [{"goal": state["goal"], "obs": state, "action": "fill('14', 'Myron')"}],
+                                       [delta])
+    assert 0.0 < p < 0.5  # a random tiny model: about a third on each of yes / no / fail
+    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server(), done_threshold=0.6)
+    env.reset(0)
+    obs, reward, done, info = env.step("fill('14', 'Myron')")
+    assert (reward, done, info["success"]) == (0.0, False, False) and info["p_yes"] == pytest.approx(p)
+    assert obs.axtree.startswith("[14] textbox value='Myron'")  # the Δ's lines still apply
+    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server())  # 0.5: the greedy line as it is
+    env.reset(0)
+    assert env.step("fill('14', 'Myron')")[1:3] == (1.0, True)
+    monkeypatch.setattr(done_calibration, "done_p_yes", lambda *a, **k: [0.95])
+    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server(), done_threshold=0.9)
+    env.reset(0)
+    obs, reward, done, info = env.step("fill('14', 'Myron')")
+    assert (reward, done, info["p_yes"]) == (1.0, True, 0.95)
+    with pytest.raises(ValueError, match="done_threshold"):
+        wm.DreamEnv(model, tok, [state], done_threshold=1.0)
+
+
 def test_compare_predictions_pairs_by_transition(tmp_path):
     """world_model.py --compare: B's gain over A counts only the transitions both files hold."""
     def write(name, rows):
