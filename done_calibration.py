@@ -48,7 +48,8 @@ def done_p_yes(model, tokenizer, transitions: list[dict], deltas: list[str], *, 
             body = [x for x in (d or "").split("\n") if not x.startswith("done:")]
             prompt = wm.wm_prompt(tokenizer, t["goal"], t["obs"], t["action"], max_prompt_tokens)
             x = prompt + compress.encode_text(tokenizer, "\n".join(body + ["done:"]))
-            logits = model(torch.tensor([x], device=device)).logits[0, -1].float()  # (V,)
+            x = torch.tensor([x], device=device)
+            logits = model(x, logits_to_keep=1, use_cache=False).logits[0, -1].float()  # (V,): the last position
             out.append(torch.softmax(logits[ids], -1)[0].item())
     return out
 

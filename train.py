@@ -266,9 +266,10 @@ def parse_args(argv=None):
                    help="a dream's reward: the world model's `done: yes`, or the trajectory judge's verdict on the "
                         "finished dream (DynaWeb's self-evaluation, judge.py; --judge): judge: 1 when P(yes) > "
                         "--judge-threshold, judge-p: P(yes) itself (graded: GSPO ranks a group's dreams by it)")
-    g.add_argument("--done-threshold", type=float, default=0.5,
-                   help="a dream's `done: yes` counts only when the world model's P(yes) is above this (one more "
-                        "forward pass per such step; done_calibration.py reads the trade-off); 0.5: the greedy line")
+    g.add_argument("--done-threshold", type=float, default=None,
+                   help="a dream's `done: yes` counts only when the world model's P(yes) over yes/no/fail is above "
+                        "this (one more forward pass per such step; done_calibration.py reads the trade-off); "
+                        "default: the greedy line as it is")
     g.add_argument("--judge", default="runs/judge/final", help="--dream-reward judge/judge-p: the judge checkpoint "
                    "(train.py --mode judge)")
     g.add_argument("--judge-threshold", type=float, default=0.5, help="the judge says yes when P(yes) is above this")
@@ -305,8 +306,8 @@ def parse_args(argv=None):
         p.error(f"--real-ratio must be in [0, 1], got {args.real_ratio}")
     if args.dream_len < 1:
         p.error(f"--dream-len must be at least 1, got {args.dream_len}")
-    if not 0.5 <= args.done_threshold < 1.0:
-        p.error(f"--done-threshold must be in [0.5, 1), got {args.done_threshold}")
+    if args.done_threshold is not None and not 0.0 < args.done_threshold < 1.0:
+        p.error(f"--done-threshold must be in (0, 1), got {args.done_threshold}")
     if args.dream_max_stage is not None and args.dream_max_stage < 0:
         p.error(f"--dream-max-stage must be at least 0, got {args.dream_max_stage}")
     if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):

@@ -65,31 +65,42 @@ _SUBMIT_NAMES = ("Submit", "submit", "Login", "login")
 def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
     """The expert's `action` with one argument swapped for a plausible wrong one, or None when there is none.
 
-    click / dblclick / check / uncheck / focus on bid b -> the same verb on another bid of b's role (another
-    link, button, checkbox, tab); fill(b, text) -> fill(b, other text) (a name from the page, `text` with
-    its case or last character changed, or a stock word); select_option(b, option) -> another option of the
-    page. Other verbs -> None. These are the world model's hard negatives: a step that looks like the
-    expert's but leaves the task unsolved, so a finish after it is `done: fail`, not `yes`.
+    click / dblclick / check / uncheck / focus on bid b -> the same verb on another bid of b's role and
+    another name (another link, button, checkbox, tab); fill(b, text) -> fill(b, other text of another
+    length: a name from the page, a stock word, `text` one character longer or shorter; another length,
+    so a masked password's dots differ too); select_option(b, option) -> another option of b's list.
+    Other verbs, or a bid the page lacks -> None. These are the world model's hard negatives: a step that
+    looks like the expert's but mostly leaves the task unsolved (a click may still be one the task
+    needs, e.g. another box to tick: the recorded outcome, not this, is the label).
     `action` must be canonical (actions.parse_action's output); the result is too.
     """
     from actions import canonical, split_action
 
     name, args = split_action(action)
-    nodes = [n for n in read_tree(as_state(obs)["axtree"]) if n.bid is not None and n.role]
-    if name in _NEAR_MISS_VERBS and args:
-        role = next((n.role for n in nodes if n.bid == args[0]), None)
-        others = [n.bid for n in nodes if n.role == role and n.bid != args[0]]
-        return canonical(name, [rng.choice(others)] + args[1:]) if role and others else None
+    tree = read_tree(as_state(obs)["axtree"])
+    nodes = [n for n in tree if n.bid is not None and n.role]
+    target = next((n for n in nodes if args and n.bid == args[0]), None)
+    if target is None:
+        return None
+    if name in _NEAR_MISS_VERBS:
+        others = [n.bid for n in nodes if n.role == target.role and n.bid != target.bid
+                  and not (target.name and n.name == target.name)]
+        return canonical(name, [rng.choice(others)] + args[1:]) if others else None
     if name == "fill" and len(args) == 2 and isinstance(args[1], str):
         text = args[1]
         pool = {n.name for n in nodes if n.name and n.role not in ("button", "StaticText")} | set(_WORDS)
-        if text:
-            pool |= {text.swapcase(), text[:-1] + ("x" if text[-1:] != "x" else "y")}
-        pool.discard(text)
-        return canonical(name, [args[0], rng.choice(sorted(pool))])
+        pool |= {text + ("x" if text[-1:] != "x" else "y"), text[:-1]} if text else set()
+        pool = sorted(w for w in pool if len(w) != len(text))
+        return canonical(name, [args[0], rng.choice(pool)])
     if name == "select_option" and len(args) == 2:
         chosen = args[1] if isinstance(args[1], str) else (args[1] or [None])[0]
-        options = sorted({n.name for n in nodes if n.role == "option" and n.name and n.name != chosen})
+        i = tree.index(target)
+        below = []  # the list's own options: the lines under it, deeper than it
+        for n in tree[i + 1:]:
+            if n.depth <= target.depth:
+                break
+            below.append(n)
+        options = sorted({n.name for n in below if n.role == "option" and n.name and n.name != chosen})
         return canonical(name, [args[0], rng.choice(options)]) if options else None
     return None
 
@@ -128,8 +139,9 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     rollout's prompt shows them; `checkpoint_policy` builds one), else the scripted expert
     (experts.expert_action; a random action where the expert cannot read the page). With probability
     `near_miss_frac` an expert step is replaced by `near_miss_action` (when it has one), and then, half of the
-    time, the next step clicks the page's Submit button (`submit_action`) before the expert, which recovers
-    from any state, can undo the miss: finishes that look right but fail. Both are recorded as `near_miss`.
+    time, the next step clicks the page's Submit button (`submit_action`) before the expert, which reads
+    only the page and so would mostly undo the miss: finishes that look right but fail. Both are recorded
+    as `near_miss`.
     Which seeds (train or held-out) is the caller's choice. Steps that end in an infrastructure fault (env_error) are not recorded.
     Record: {task, seed, step, goal, obs: {url, axtree, error, hidden (only when the page holds
     hidden content: env.Obs.hidden)}, action, source (expert|policy|random|near_miss), next_obs, delta,

@@ -309,9 +309,11 @@ class DeltaServer:
                 batch.append(r)
             t0 = time.perf_counter()
             try:
-                out = predict_delta(self.model, self.tokenizer, [b[0] for b in batch], [b[1] for b in batch],
-                                    self.max_new_tokens, max_prompt_tokens=self.max_prompt_tokens,
-                                    batch_size=len(batch), bf16=self.bf16)
+                with _PREDICT_LOCK:  # the model and its tokenizer (whose encode flags are shared state) are
+                    # also used by DreamEnv's P(yes) check (done_threshold) from the rollout threads
+                    out = predict_delta(self.model, self.tokenizer, [b[0] for b in batch], [b[1] for b in batch],
+                                        self.max_new_tokens, max_prompt_tokens=self.max_prompt_tokens,
+                                        batch_size=len(batch), bf16=self.bf16)
             except Exception as e:  # every caller of this batch gets the error; the server goes on
                 out = [RuntimeError(f"Δ generation failed: {type(e).__name__}: {e}")] * len(batch)
             self.stats.update(calls=1, requests=len(batch), generate_s=time.perf_counter() - t0)
@@ -343,10 +345,11 @@ class DreamEnv:
     pages. step(text) parses the action like WebEnv (a parse error costs a step, changes nothing and
     is shown as Obs.error), predicts Δ greedily and applies it. The episode ends when Δ says
     `done: yes` (reward 1) or `done: fail` (reward 0), or after `dream_len` steps (truncated).
-    With `done_threshold` above 0.5, a `done: yes` counts only when the model's P(yes) over yes / no /
-    fail, teacher-forced after its Δ lines (done_calibration.done_p_yes: one more forward pass, only on
-    such steps), is above it; below, the step reads as `done: no` and the dream goes on. At 0.5 the
-    greedy line is read as it is (a greedy `yes` has P(yes) above 0.5 or ties).
+    With `done_threshold` (a probability in (0, 1)), a `done: yes` counts only when the model's P(yes)
+    over yes / no / fail, teacher-forced after its Δ lines on the page before the step
+    (done_calibration.done_p_yes: one more forward pass, only on such steps), is above it; otherwise
+    the step reads as `done: no` and the dream goes on. None (the default): the greedy line as it is
+    (a greedy `yes` is the most likely token, so P(yes) over the three can be as low as a third).
     info: WebEnv's keys (action, error, success, env_error, raw_reward, truncated) plus delta,
     bad_lines, and p_yes (None unless a `yes` was checked against the threshold).
 
@@ -359,14 +362,14 @@ class DreamEnv:
 
     def __init__(self, model, tokenizer, start_states: list[dict], dream_len: int = 5, *, task: str | None = None,
                  max_new_tokens: int = 256, max_prompt_tokens: int = 1024, bf16: bool = False,
-                 server: DeltaServer | None = None, done_threshold: float = 0.5):
+                 server: DeltaServer | None = None, done_threshold: float | None = None):
         states = [s for s in start_states if task is None or s.get("task") == task]
         if not states:
             raise ValueError(f"DreamEnv needs at least one start state{f' of task {task!r}' if task else ''}")
         if dream_len < 1:
             raise ValueError(f"dream_len must be >= 1, got {dream_len}")
-        if not 0.5 <= done_threshold < 1.0:
-            raise ValueError(f"done_threshold must be in [0.5, 1), got {done_threshold}")
+        if done_threshold is not None and not 0.0 < done_threshold < 1.0:
+            raise ValueError(f"done_threshold must be in (0, 1) or None, got {done_threshold}")
         tasks = {s.get("task") for s in states}
         self.task = task or (tasks.pop() if len(tasks) == 1 else None)
         self.model, self.tokenizer, self.states, self.dream_len = model, tokenizer, states, dream_len
@@ -419,10 +422,10 @@ class DreamEnv:
             self.state, info["bad_lines"] = apply(self.state, delta, action=action)
             info["delta"], info["error"] = delta, self.state["error"]
             status = predicted_status(delta)
-            if status == "yes" and self.done_threshold > 0.5:
+            if status == "yes" and self.done_threshold is not None:
                 from done_calibration import done_p_yes  # lazily: done_calibration imports this module
 
-                with _PREDICT_LOCK:
+                with _PREDICT_LOCK:  # the DeltaServer thread holds it while it generates
                     (info["p_yes"],) = done_p_yes(self.model, self.tokenizer,
                                                   [{"goal": self.goal, "obs": before, "action": action}], [delta],
                                                   max_prompt_tokens=self.max_prompt_tokens)
@@ -485,6 +488,8 @@ if __name__ == "__main__":
     if a.seed_offset and a.eval_seeds:
         ap.error("--seed-offset takes training seeds; --eval-seeds are always the first --seeds of the held-out range")
     tasks = [t for t in a.tasks.split(",") if t]
+    if not 0.0 <= a.near_miss_frac <= 1.0:
+        ap.error(f"--near-miss-frac must be in [0, 1], got {a.near_miss_frac}")
     if a.policy and a.near_miss_frac:
         ap.error("--near-miss-frac swaps the scripted expert's steps; with --policy there are none")
     if a.policy and not a.collect:

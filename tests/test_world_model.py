@@ -20,7 +20,7 @@ import policy  # noqa: E402
 import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
-from actions import WEB_ACTIONS, parse_action  # noqa: E402
+from actions import WEB_ACTIONS, parse_action, split_action  # noqa: E402
 from axtree import line_bid, quote  # noqa: E402
 from env import Obs  # noqa: E402
 
@@ -590,17 +590,25 @@ def test_near_miss_actions_swap_one_argument_for_a_wrong_one():
     import random
 
     obs = Obs(goal="g", url="u", axtree="[3] link 'alpha'\n[4] link 'beta'\n[5] button 'Submit'\n[6] textbox 'User'\n"
-                                         "[7] combobox 'Pick'\n[8] option 'red'\n[9] option 'blue'\n[10] checkbox 'x'")
+                                         "[7] combobox 'Pick'\n  [8] option 'red'\n  [9] option 'blue'\n[10] checkbox 'x'\n"
+                                         "[11] link 'alpha'\n[12] combobox 'Pet'\n  [13] option 'cat'\n  [14] option 'dog'\n"
+                                         "[15] link 'gamma'")
     rng = random.Random(0)
-    for _ in range(20):
-        assert trans.near_miss_action("click('3')", obs, rng) == "click('4')"  # the one other link, never a button
+    links = set()
+    for _ in range(40):
+        links.add(trans.near_miss_action("click('3')", obs, rng))  # another link by another name: never [11] 'alpha'
         assert trans.near_miss_action("select_option('7', 'red')", obs, rng) == "select_option('7', 'blue')"
         assert trans.near_miss_action("select_option('7', ['blue'])", obs, rng) == "select_option('7', 'red')"
-        miss = trans.near_miss_action("fill('6', 'Alice')", obs, rng)
-        assert miss.startswith("fill('6', ") and miss != "fill('6', 'Alice')" and parse_action(miss) == miss
+        assert trans.near_miss_action("select_option('12', 'cat')", obs, rng) == "select_option('12', 'dog')"
+        for text in ("Alice", "fE", ""):
+            miss = trans.near_miss_action(f"fill('6', {text!r})", obs, rng)
+            assert miss.startswith("fill('6', ") and parse_action(miss) == miss
+            assert len(split_action(miss)[1][1]) != len(text)  # a masked password's dots differ too
+    assert links == {"click('4')", "click('15')"}
     assert trans.near_miss_action("click('5')", obs, rng) is None      # the only button: nothing to swap it for
     assert trans.near_miss_action("check('10')", obs, rng) is None
     assert trans.near_miss_action("press('6', 'Enter')", obs, rng) is None
+    assert trans.near_miss_action("fill('99', 'z')", obs, rng) is None  # a bid the page lacks
     assert trans.submit_action(obs) == "click('5')"
     assert trans.submit_action(Obs(goal="g", url="u", axtree="[3] button 'OK'")) is None
 
@@ -734,6 +742,24 @@ def test_the_delta_server_batches_waiting_dreams_and_gives_batch_1_deltas(tok):
         server.predict(states[0], actions[0])
 
 
+def test_delta_server_generates_under_the_predict_lock(tok):
+    """The server's generation and DreamEnv's P(yes) check share the world model's tokenizer (its encode
+    flags are state): the server generates only while holding world_model._PREDICT_LOCK."""
+    import threading
+
+    server = wm.DeltaServer(policy.tiny_model(tok), tok, max_new_tokens=4, linger=0.0)
+    state = {"goal": "g", "url": "u", "axtree": "[14] textbox"}
+    out = []
+    with wm._PREDICT_LOCK:
+        th = threading.Thread(target=lambda: out.append(server.predict(state, "click('14')")))
+        th.start()
+        th.join(timeout=3)
+        assert th.is_alive() and not out  # held here: the server waits
+    th.join(timeout=120)
+    server.close()
+    assert len(out) == 1 and isinstance(out[0], str)
+
+
 def test_dream_env_asks_its_server(tok):
     state = {"task": "enter-text", "goal": "Enter \"Myron\".", "url": "u", "axtree": "[14] textbox\n[15] button 'Submit'"}
 
@@ -772,16 +798,24 @@ def test_dream_env_done_threshold_reads_p_yes(tok, monkeypatch):
     obs, reward, done, info = env.step("fill('14', 'Myron')")
     assert (reward, done, info["success"]) == (0.0, False, False) and info["p_yes"] == pytest.approx(p)
     assert obs.axtree.startswith("[14] textbox value='Myron'")  # the Δ's lines still apply
-    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server())  # 0.5: the greedy line as it is
-    env.reset(0)
-    assert env.step("fill('14', 'Myron')")[1:3] == (1.0, True)
-    monkeypatch.setattr(done_calibration, "done_p_yes", lambda *a, **k: [0.95])
-    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server(), done_threshold=0.9)
+    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server())  # None: the greedy line as it is
     env.reset(0)
     obs, reward, done, info = env.step("fill('14', 'Myron')")
-    assert (reward, done, info["p_yes"]) == (1.0, True, 0.95)
-    with pytest.raises(ValueError, match="done_threshold"):
-        wm.DreamEnv(model, tok, [state], done_threshold=1.0)
+    assert (reward, done, info["p_yes"]) == (1.0, True, None)
+    monkeypatch.setattr(done_calibration, "done_p_yes", lambda *a, **k: [0.9])
+    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server(), done_threshold=0.85)
+    env.reset(0)
+    obs, reward, done, info = env.step("fill('14', 'Myron')")
+    assert (reward, done, info["p_yes"]) == (1.0, True, 0.9)
+    env = wm.DreamEnv(model, tok, [state], dream_len=3, server=Server(), done_threshold=0.9)
+    env.reset(0)
+    assert env.step("fill('14', 'Myron')")[1:3] == (0.0, False)  # at the threshold is not above it
+    delta = "~ [14] textbox value=<typed>\ndone: no"
+    env.reset(0)
+    assert env.step("fill('14', 'Myron')")[3]["p_yes"] is None  # only a `yes` is checked
+    for bad in (0.0, 1.0):
+        with pytest.raises(ValueError, match="done_threshold"):
+            wm.DreamEnv(model, tok, [state], done_threshold=bad)
 
 
 def test_compare_predictions_pairs_by_transition(tmp_path):
