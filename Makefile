@@ -41,6 +41,9 @@ DREAM_EXTRA ?=
 DREAM_JUDGE ?= $(RUNS)/judge/final
 # the world model dreams run in (--world-model) for make dream and sweeps; e.g. DREAM_WM=runs/wm-e5/final, the 5-epoch one
 DREAM_WM ?= $(RUNS)/wm/final
+# a dream's `done: yes` counts only when the world model's P(yes) is above DONE_P (--done-threshold; docs/dreams.md);
+# empty: the greedy line, as before
+DONE_P ?=
 SWEEP_ITERS ?= 2
 ABL_SEEDS ?= 10
 comma := ,
@@ -148,7 +151,7 @@ eval-judge: $(RUNS)/wm_eval.jsonl
 	$(TIME) $(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl
 	$(if $(wildcard $(RUNS)/wm/final/wm_eval_predictions.jsonl),$(PY) judge.py --eval $(RUNS)/judge/final --data $(RUNS)/wm_eval.jsonl --imagined $(RUNS)/wm/final/wm_eval_predictions.jsonl)
 
-DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --probe-seeds $(DREAM_PROBE) --dynamic-sampling $(DREAM_DS) $(DREAM_EXTRA)
+DREAM_ARGS = --mode dream --init $(RUNS)/bc/final --transitions $(RUNS)/transitions.jsonl --demos $(RUNS)/demos.jsonl --iterations $(ITERS) --groups-per-iter $(GROUPS) --group-size $(G) --real-ratio $(RATIO) --dream-len $(DREAM_LEN) --lr $(DREAM_LR) --dream-reward $(DREAM_REWARD) --judge $(DREAM_JUDGE) --probe-seeds $(DREAM_PROBE) --dynamic-sampling $(DREAM_DS) $(if $(DONE_P),--done-threshold $(DONE_P)) $(DREAM_EXTRA)
 dream:
 	$(TIME) $(TORCHRUN) train.py $(DREAM_ARGS) --world-model $(DREAM_WM) --out $(DREAM_OUT) $(if $(wildcard $(DREAM_OUT)/latest),--resume)
 eval-dream:

@@ -66,7 +66,8 @@ def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
     """The expert's `action` with one argument swapped for a plausible wrong one, or None when there is none.
 
     click / dblclick / check / uncheck / focus on bid b -> the same verb on another bid of b's role and
-    another name (another link, button, checkbox, tab); fill(b, text) -> fill(b, other text of another
+    another name (another link, button, checkbox, tab), or, where the page has none, on b's parent or
+    another element under it (click-dialog: the dialog or its paragraph, not its one Close button); fill(b, text) -> fill(b, other text of another
     length: a name from the page, a stock word, `text` one character longer or shorter; another length,
     so a masked password's dots differ too); select_option(b, option) -> another option of b's list.
     Other verbs, or a bid the page lacks -> None. These are the world model's hard negatives: a step that
@@ -84,7 +85,7 @@ def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
         return None
     if name in _NEAR_MISS_VERBS:
         others = [n.bid for n in nodes if n.role == target.role and n.bid != target.bid
-                  and not (target.name and n.name == target.name)]
+                  and not (target.name and n.name == target.name)] or _neighbour_bids(tree, target)
         return canonical(name, [rng.choice(others)] + args[1:]) if others else None
     if name == "fill" and len(args) == 2 and isinstance(args[1], str):
         text = args[1]
@@ -103,6 +104,28 @@ def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
         options = sorted({n.name for n in below if n.role == "option" and n.name and n.name != chosen})
         return canonical(name, [args[0], rng.choice(options)]) if options else None
     return None
+
+
+def _neighbour_bids(tree: list, target) -> list[str]:
+    """The bids around `target` inside its parent: the parent itself and the parent's other descendants
+    (not `target`'s own); [] for a top-level `target`. A click on a dialog or its text instead of its
+    only button (click-dialog's Close): the step that looks like the finish and closes nothing."""
+    i = tree.index(target)
+    parent = next((j for j in range(i - 1, -1, -1) if tree[j].depth < target.depth), None)
+    if parent is None:
+        return []
+    around, inside_target = [tree[parent]], False
+    for n in tree[parent + 1:]:
+        if n.depth <= tree[parent].depth:
+            break
+        if n is target:
+            inside_target = True
+            continue
+        if inside_target and n.depth > target.depth:
+            continue
+        inside_target = False
+        around.append(n)
+    return [n.bid for n in around if n.bid is not None and n.role]
 
 
 def submit_action(obs) -> str | None:

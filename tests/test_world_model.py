@@ -611,6 +611,13 @@ def test_near_miss_actions_swap_one_argument_for_a_wrong_one():
     assert trans.near_miss_action("fill('99', 'z')", obs, rng) is None  # a bid the page lacks
     assert trans.submit_action(obs) == "click('5')"
     assert trans.submit_action(Obs(goal="g", url="u", axtree="[3] button 'OK'")) is None
+    # click-dialog: the only button is the dialog's Close; the miss clicks the dialog or its text, never the
+    # button, the paragraph's own child, or what lies outside the dialog
+    dialog = Obs(goal="g", url="u", axtree="[2] heading 'Top'\n[17] dialog\n [20] button 'Close', focused\n"
+                                           "  [21] StaticText 'x'\n [24] paragraph 'Faucibus.'\n[30] link 'out'")
+    misses = {trans.near_miss_action("click('20')", dialog, rng) for _ in range(40)}
+    assert misses == {"click('17')", "click('24')"}
+    assert trans.near_miss_action("click('2')", dialog, rng) is None  # top level, the only heading
 
 
 @pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
