@@ -12,6 +12,7 @@ few dreams are replayed on real pages (transitions.replay) to check the dream re
 replays are the only real browser steps the loop takes (env/real_steps, apart from dream/steps), with
 --probe-seeds' greedy probe of the start policy before the first iteration (probe_tasks). Every
 imagined trajectory goes to dreams-rank{R}.jsonl (dream_record), the replays to dream_replays.jsonl.
+With --wm-refit-steps K the replays' real transitions also train the world model K steps (wm_refit.py).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import supervised
 import trajectory_metrics
 import transitions
 import update
+import wm_refit
 from runlog import read_jsonl, truncate_jsonl
 
 
@@ -146,8 +148,9 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
     false_success (predicted success that did not happen), real_failures (the replays that did not
     succeed), done_false_positive and judge_false_positive (of those, the ones the world model's
     `done: yes`, or the judge (--dream-reward judge), called a success); train_dream sums them over
-    ranks into rates. Records (for the HTML report): the dream with each turn's `real_observation`
-    and `predicted_success` / `real_success`.
+    ranks into rates. Records (for the HTML report): the dream with each turn's `real_observation`,
+    `predicted_success` / `real_success`, and `real_transitions` (wm_refit.replay_transitions: what
+    --wm-refit-steps trains the world model on; the replay env records hidden content only then).
     """
     rng = random.Random(args.seed * 7919 + it)
     pool = [t for t in trajs if not t["env_error"] and t["turns"]]
@@ -161,7 +164,8 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
         if start.get("seed") is None:
             continue
         if not renv_holder:
-            renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1)))
+            renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1),
+                                             hidden=bool(getattr(args, "wm_refit_steps", 0))))
         r = transitions.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
         steps += r["steps"]
         if r["env_error"]:
@@ -183,7 +187,8 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
         t["replayed"] = True  # the report shows the record (with the real pages) instead
         out.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
                     "predicted_success": t["success"], "real_success": r["success"],
-                    "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")}})
+                    "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")},
+                    "real_transitions": wm_refit.replay_transitions(t, start, r, it)})
     return counts, steps, out
 
 
@@ -279,7 +284,8 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     demos = supervised.expert_trajectories(args.demos, args.tasks) if args.real_ratio > 0 else []
     if args.real_ratio > 0 and not demos:
         raise ValueError(f"{args.demos} holds no successful expert trajectory for tasks {args.tasks}")
-    pool, server, states, judge_model, judge_tok = None, None, [], None, None
+    pool, server, states, judge_model, judge_tok, refit = None, None, [], None, None, None
+    refit_path = os.path.join(args.out, f"{os.path.splitext(wm_refit.REFIT_TRANSITIONS)[0]}-rank{rank}.jsonl")
     if args.real_ratio < 1:
         if not os.path.exists(args.transitions):
             raise FileNotFoundError(f"--transitions {args.transitions} not found (dream start states): write it with "
@@ -291,8 +297,22 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         if missing:
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
         world_model.check_delta_format(args.world_model)
-        wm, wm_tok = policy.load_model(args.world_model, device=device)
+        wm_path = args.world_model
+        refit_at = wm_refit.refit_iteration(args.out) if args.wm_refit_steps and it else None
+        if refit_at is not None:  # resumed: dream in the refit world model, not the one the run began with
+            wm_path = os.path.join(args.out, wm_refit.REFIT_DIR)
+            if refit_at != it:
+                distributed.print0(rank, f"warning: {wm_path} was saved at iteration {refit_at}, the run resumes at {it}")
+        wm, wm_tok = policy.load_model(wm_path, device=device)
         wm.eval().requires_grad_(False)
+        if args.wm_refit_steps:
+            refit = wm_refit.WorldModelRefit(
+                wm, wm_tok, [t for t in read_jsonl(args.transitions) if t["task"] in args.tasks], lr=args.wm_refit_lr,
+                batch_size=args.wm_refit_batch, micro_batch=args.micro_batch, max_tokens=args.max_prompt_tokens,
+                bf16=bool(args.bf16), seed=args.seed * 31 + it + rank, world=world)
+            if it:  # resumed: this rank's buffer as it was (later lines are redone)
+                truncate_jsonl(refit_path, "iteration", it)
+                refit.add(read_jsonl(refit_path) if os.path.exists(refit_path) else [])
         # one Δ server: the steps of every waiting dream are generated in one batched call
         server = world_model.DeltaServer(wm, wm_tok, bf16=bool(args.bf16) and device.type == "cuda",
                                          max_batch=args.num_envs, max_prompt_tokens=args.max_prompt_tokens)
@@ -347,10 +367,24 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             replay_c, steps_now, replays = {}, 0, []
             if args.replay_every and (it + 1) % args.replay_every == 0 and args.real_ratio < 1:  # every rank together
                 replay_c, steps_now, replays = replay_dreams(dreams, states, renv, args, it + 1)
+            refit_m = {}
+            if refit is not None and args.replay_every and (it + 1) % args.replay_every == 0:  # every rank together
+                new = [x for r in replays for x in r.pop("real_transitions")]
+                os.makedirs(args.out, exist_ok=True)
+                with open(refit_path, "a") as f:
+                    for x in new:
+                        f.write(json.dumps(x) + "\n")
+                refit.add(new)
+                with world_model._PREDICT_LOCK:  # no Δ is being generated between rollouts; held to be sure
+                    refit_m = refit.refit(args.wm_refit_steps)
+                refit_m["wm_refit/new"] = distributed.all_sum(len(new), world)
+            for r in replays:
+                r.pop("real_transitions", None)
             it += 1
             real_steps += int(distributed.all_sum(steps_now, world))
             dream_steps += int(distributed.all_sum(rstats.get("env_steps", 0), world))
-            m = {**distributed.all_mean({**trajectory_metrics.rollout_metrics(trajs, rstats), **jstats}, world), **lstats}
+            m = {**distributed.all_mean({**trajectory_metrics.rollout_metrics(trajs, rstats), **jstats}, world), **lstats,
+                 **refit_m}
             if replay_c:  # every rank replays at the same iterations, so these collectives match
                 c = dict(zip(sorted(replay_c), distributed.all_sums([replay_c[k] for k in sorted(replay_c)], world)))
                 m.update({"dream/replayed": c["replayed"], "dream/replay_start_match": c["matched"] / max(1, c["replayed"]),
@@ -372,6 +406,8 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                 report.write_run_report(args.out, replays + [t for t in trajs if not t.get("replayed")], it, args.mode)
             counters = {"env_steps": real_steps, "dream_steps": dream_steps, "dream_tasks": dream_tasks}
             if it % args.save_every == 0 or it == args.iterations:
+                if refit is not None and rank == 0:  # first, so that a checkpoint never runs ahead of its world model
+                    wm_refit.save_refit(args.out, wm, wm_tok, args.world_model, it)
                 checkpoint.save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, counters, args.keep_ckpts,
                                            rank, world, settings)
         bar.close()

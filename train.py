@@ -270,6 +270,11 @@ def parse_args(argv=None):
                    help="a dream's `done: yes` counts only when the world model's P(yes) over yes/no/fail is above "
                         "this (one more forward pass per such step; done_calibration.py reads the trade-off); "
                         "default: the greedy line as it is")
+    g.add_argument("--wm-refit-steps", type=int, default=0, metavar="K",
+                   help="at every --replay-every check, train the world model K steps on the replayed dreams' real "
+                        "transitions (half of each batch; the rest from --transitions): wm_refit.py; 0: never")
+    g.add_argument("--wm-refit-lr", type=float, default=2e-5, help="--wm-refit-steps: the world model's learning rate")
+    g.add_argument("--wm-refit-batch", type=int, default=16, help="--wm-refit-steps: transitions per refit step")
     g.add_argument("--judge", default="runs/judge/final", help="--dream-reward judge/judge-p: the judge checkpoint "
                    "(train.py --mode judge)")
     g.add_argument("--judge-threshold", type=float, default=0.5, help="the judge says yes when P(yes) is above this")
@@ -308,6 +313,12 @@ def parse_args(argv=None):
         p.error(f"--dream-len must be at least 1, got {args.dream_len}")
     if args.done_threshold is not None and not 0.0 < args.done_threshold < 1.0:
         p.error(f"--done-threshold must be in (0, 1), got {args.done_threshold}")
+    if args.wm_refit_steps < 0:
+        p.error(f"--wm-refit-steps must be at least 0, got {args.wm_refit_steps}")
+    if args.wm_refit_steps and not args.replay_every:
+        p.error("--wm-refit-steps trains on the replay checks' real transitions: it needs --replay-every N > 0")
+    if args.wm_refit_batch < 2:
+        p.error(f"--wm-refit-batch must be at least 2 (half replayed, half --transitions), got {args.wm_refit_batch}")
     if args.dream_max_stage is not None and args.dream_max_stage < 0:
         p.error(f"--dream-max-stage must be at least 0, got {args.dream_max_stage}")
     if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):

@@ -338,15 +338,15 @@ def replay(start: dict, actions: list[str], *, env=None, max_steps: int = 30) ->
 
     Returns {start_match: bool (the real page after the prefix equals start's tree and URL),
     observations: [real Obs text after each action taken], states: [real {url, axtree, error}],
-    success: bool (real full-credit success), reward, steps (real browser steps, prefix included),
-    env_error: bool}. Opens a WebEnv unless `env` (a WebEnv) is given; an env it opened is closed.
+    success: bool (real full-credit success), reward, done: bool (the task ended the real episode on the
+    last action taken, not a step limit), steps (real browser steps, prefix included), env_error: bool}. Opens a WebEnv unless `env` (a WebEnv) is given; an env it opened is closed.
     """
     from env import WebEnv
 
     own = env is None
     env = env or WebEnv(start["task"], max_steps=max_steps)
     res = {"start_match": False, "observations": [], "states": [], "success": False, "reward": 0.0, "steps": 0,
-           "env_error": False}
+           "env_error": False, "done": False}
     try:
         obs = env.reset(start["seed"], task=start["task"])
         if obs.env_error:
@@ -373,12 +373,13 @@ def replay(start: dict, actions: list[str], *, env=None, max_steps: int = 30) ->
                 res["env_error"] = True
                 return res
             if done:
-                res.update(success=bool(info["success"]), reward=float(reward))
+                res.update(success=bool(info["success"]), reward=float(reward), done=not info.get("truncated"))
                 break
     finally:
         if own:
             env.close()
     return res
+
 
 def transition_key(r: dict) -> tuple:
     """(task, seed, step, action): what names one transition across files (a transitions record, a

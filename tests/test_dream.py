@@ -103,6 +103,18 @@ def test_replay_reaches_a_late_start_state_on_real_pages():
     assert r["start_match"], "the prefix actions on the same seed must rebuild the same page"
     assert r["steps"] == 3 and not r["env_error"]
     assert r["success"] == ep[2]["success"] and r["states"][0]["axtree"] == ep[2]["next_obs"]["axtree"]
+    # the recording's step limit (3), not the task, ended the recorded episode; the replay's limit is 30
+    assert ep[2]["truncated"] and not r["done"]
+    import wm_refit  # the replay as the world model's training transition: the recorded step's own label
+
+    (t,) = wm_refit.replay_transitions({"turns": [{"action": ep[2]["action"]}]}, start, r, iteration=1)
+    assert t["delta"] == trans.delta_label(ep[2]) and t["delta"].endswith("done: no") and not t["success"]
+    tab = [t for t in trs if t["task"] == "click-tab-2" and t["seed"] == 1]  # its 4th step completes the task
+    start = next(s for s in trans.start_states(trs, "click-tab-2") if s["seed"] == 1 and len(s["prefix"]) == 3)
+    r = trans.replay(start, [tab[3]["action"]])
+    assert r["done"] and r["success"]
+    (t,) = wm_refit.replay_transitions({"turns": [{"action": tab[3]["action"]}]}, start, r, iteration=1)
+    assert t["delta"] == trans.delta_label(tab[3]) and t["delta"].endswith("done: yes") and t["step"] == 3
 
 
 def test_drift_with_a_perfect_and_with_a_lazy_world_model(monkeypatch, tok):
@@ -222,7 +234,9 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
                        + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
                           # and first probes the start policy on real pages (dream.probe_tasks)
                           ["--loss", "mgrpo", "--kl-coef", "0.1", "--probe-seeds", "1"] if expert_loss == "nll" else
-                          []),  # kl: the reference model is built for the expert term alone
+                          # kl: the reference model is built for the expert term alone, and the world model
+                          # is refit on the replay check's real transitions (wm_refit.py)
+                          ["--wm-refit-steps", "1", "--wm-refit-batch", "2"]),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ms = read_jsonl(os.path.join(out, "metrics.jsonl"))
@@ -248,12 +262,21 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
         assert "loss/nll" not in ms[0] and all(x["loss/trajectories_trained"] >= 2 for x in ms)
         assert all(x["judge/n"] == 2 for x in ms) and "dream/replay_judge_false_positive_rate" in ms[1]
     assert "dream/replay_done_false_positive_rate" in ms[1]
+    if expert_loss == "kl":  # the refit ran at the replay check only; the refit world model was saved for a resume
+        import wm_refit
+
+        assert "wm_refit/steps" not in ms[0] and ms[1]["wm_refit/steps"] == 1 and ms[1]["wm_refit/loss"] > 0
+        assert wm_refit.refit_iteration(out) == 2
+        assert len(read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))) == ms[1]["wm_refit/new"]
+    else:
+        assert "wm_refit/steps" not in ms[1] and not os.path.exists(os.path.join(out, "world_model"))
     dreams = read_jsonl(os.path.join(out, "dreams-rank0.jsonl"))  # every imagined trajectory, without token ids
     assert [(d["iteration"], d["group"]) for d in dreams] == [(1, 0), (1, 0), (2, 0), (2, 0)]
     assert all(d["source"] == "dream" and d["turns"] and "response_ids" not in d["turns"][0] for d in dreams)
     assert [sum(d["reward"] for d in dreams if d["iteration"] == i) / 2 for i in (1, 2)] == [x["rollout/reward"] for x in ms]
     rec = read_jsonl(os.path.join(out, "dream_replays.jsonl"))
     assert len(rec) == 1 and rec[0]["source"] == "dream" and "real_observation" in rec[0]["turns"][0]
+    assert "real_transitions" not in rec[0]  # those go to wm_refit-rank{R}.jsonl, when refitting
     assert "done_success" in rec[0] and ("judge_p" in rec[0]) == (expert_loss == "gspo")
     html = open(os.path.join(out, "report", "report.html")).read()  # iteration 2's report, the replayed dream in it
     assert "data-source='dream'" in html and "predicted success" in html

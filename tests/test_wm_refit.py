@@ -1,0 +1,140 @@
+"""wm_refit.py: a replayed dream's real transitions, and the world model's refit on them (tiny real
+models built from a config, the real tokenizer, the recorded transitions of tests/data)."""
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import delta as dfmt  # noqa: E402
+import policy  # noqa: E402
+import transitions as trans  # noqa: E402
+import wm_refit  # noqa: E402
+
+DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return policy.load_tokenizer()
+
+
+def _episode(task, seed):
+    return [t for t in trans.load_transitions(DATA) if (t["task"], t["seed"]) == (task, seed)]
+
+
+def test_a_replayed_dream_gives_the_real_transitions_of_its_parsed_steps():
+    ep = _episode("click-tab-2", 1)  # 4 steps, the last completes the task
+    start = next(s for s in trans.start_states(trans.load_transitions(DATA))
+                 if s["task"] == "click-tab-2" and s["seed"] == 1 and len(s["prefix"]) == 1)  # stage 1
+    # the dream: ep's steps 1-3, with a reply that did not parse between the first two (a real page
+    # shows the error and changes nothing)
+    errored = {**ep[1]["next_obs"], "error": "ActionParseError: x"}
+    turns = [{"action": ep[1]["action"]}, {"action": None}, {"action": ep[2]["action"]}, {"action": ep[3]["action"]}]
+    replay = {"start_match": True, "env_error": False, "done": True, "success": True, "reward": 1.0,
+              "states": [ep[1]["next_obs"], errored, ep[2]["next_obs"], ep[3]["next_obs"]]}
+    recs = wm_refit.replay_transitions({"turns": turns}, start, replay, iteration=3)
+    assert [r["action"] for r in recs] == [ep[1]["action"], ep[2]["action"], ep[3]["action"]]
+    assert [r["step"] for r in recs] == [1, 3, 4] and all(r["iteration"] == 3 for r in recs)
+    assert recs[0]["obs"]["axtree"] == ep[1]["obs"]["axtree"] and recs[1]["obs"] == errored  # pages chain
+    assert [(r["done"], r["success"], r["reward"]) for r in recs] == [(False, False, 0.0)] * 2 + [(True, True, 1.0)]
+    assert all(r["source"] == "dream_replay" and r["goal"] == ep[0]["goal"] for r in recs)
+    for r in recs:  # the label is exact: apply(o, Δ) == o'
+        assert dfmt.apply(r["obs"], r["delta"], action=r["action"])[0]["axtree"] == r["next_obs"]["axtree"]
+    assert recs[-1]["delta"].endswith("done: yes") and recs[0]["delta"].endswith("done: no")
+    assert recs[-1]["delta"] == trans.delta_label(recs[-1])  # what train.py --mode wm would train on
+
+    # a replay that ran out of actions without ending the episode ends nothing; a failure is `done: fail`
+    open_end = wm_refit.replay_transitions({"turns": turns}, start, {**replay, "done": False, "success": False}, 3)
+    assert not any(r["done"] for r in open_end)
+    failed = wm_refit.replay_transitions({"turns": turns}, start, {**replay, "success": False, "reward": 0.0}, 3)
+    assert failed[-1]["delta"].endswith("done: fail") and not failed[-1]["success"]
+    # the real start page was not reproduced, or the browser failed: the replay says nothing
+    assert wm_refit.replay_transitions({"turns": turns}, start, {**replay, "start_match": False}, 3) == []
+    assert wm_refit.replay_transitions({"turns": turns}, start, {**replay, "env_error": True}, 3) == []
+
+
+def test_the_refit_trains_the_world_model_on_its_buffer_and_the_base(tok, monkeypatch):
+    base = trans.load_transitions(DATA)
+    model = policy.tiny_model(tok, seed=2).eval().requires_grad_(False)
+    with pytest.raises(ValueError):
+        wm_refit.WorldModelRefit(model, tok, [])
+    with pytest.raises(ValueError):
+        wm_refit.WorldModelRefit(model, tok, base, batch_size=1)
+    refit = wm_refit.WorldModelRefit(model, tok, base, lr=1e-2, batch_size=4, micro_batch=2, buffer_size=3)
+    new = [t for t in base if t["task"] == "enter-text"]  # 6 transitions, 3 kept: the newest
+    refit.add(new)
+    assert refit.buffer == new[-3:]
+    before = [p.detach().clone() for p in model.parameters()]
+    assert refit.refit(0) == {} and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError):
+        refit.refit(-1)
+
+    m = refit.refit(4)
+    assert m["wm_refit/steps"] == 4 and m["wm_refit/buffer"] == 3 and m["wm_refit/loss"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it learnt
+    assert not model.training and not any(p.requires_grad for p in model.parameters())  # back to dreaming
+    # each step's batch: the buffer's newest (half the batch at most), the rest drawn from the base
+    import world_model
+
+    seen, real_samples = [], world_model.wm_samples
+    monkeypatch.setattr(world_model, "wm_samples", lambda ts, *a, **k: seen.append(list(ts)) or real_samples(ts, *a, **k))
+    refit.refit(2)
+    assert len(seen) == 2 and all(len(b) == 4 and b[:2] == new[-2:] and all(t in base for t in b[2:]) for b in seen)
+    one = wm_refit.WorldModelRefit(model, tok, base, batch_size=4)
+    one.add(new[:1])
+    seen.clear()
+    one.refit(1)
+    assert seen[0][0] == new[0] and len(seen[0]) == 4  # a buffer of one: one new, three from the base
+
+def test_the_refit_world_model_is_saved_with_its_format_and_iteration(tmp_path, tok):
+    src = str(tmp_path / "wm")
+    model = policy.tiny_model(tok, seed=4)
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    (tmp_path / "wm" / "webdream.json").write_text('{"delta_focus_header": false}')
+    out = str(tmp_path / "run")
+    os.makedirs(out)
+    assert wm_refit.refit_iteration(out) is None
+    wm_refit.save_refit(out, model, tok, src, 4)
+    wm_refit.save_refit(out, model, tok, src, 6)  # replaces the older one
+    assert wm_refit.refit_iteration(out) == 6
+    saved = os.path.join(out, wm_refit.REFIT_DIR)
+    assert open(os.path.join(saved, "webdream.json")).read() == '{"delta_focus_header": false}'
+    again, _ = policy.load_model(saved)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demos, monkeypatch):
+    """train_dream resumed at iteration 2 (of 2: nothing left to run) loads out/world_model, not
+    --world-model, and keeps only the refit transitions up to its iteration."""
+    import json
+
+    import dream
+    import train
+    from runlog import Logger, read_jsonl
+
+    src = str(tmp_path / "wm")
+    policy.tiny_model(tok, seed=1).save_pretrained(src)
+    tok.save_pretrained(src)
+    out = str(tmp_path / "dream")
+    os.makedirs(out)
+    refit_model = policy.tiny_model(tok, seed=5)
+    wm_refit.save_refit(out, refit_model, tok, src, 2)
+    rows = [dict(t, iteration=i) for i, t in zip((2, 4), trans.load_transitions(DATA))]
+    with open(os.path.join(out, "wm_refit-rank0.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    loaded, real_load = [], policy.load_model
+    monkeypatch.setattr(policy, "load_model", lambda path, **k: loaded.append(path) or real_load(path, **k))
+    args = train.parse_args(["--mode", "dream", "--tiny", "--real-ratio", "0.5", "--demos", demos, "--out", out,
+                             "--world-model", src, "--transitions", DATA, "--iterations", "2",
+                             "--tasks", "click-button", "--wm-refit-steps", "1"])
+    model = policy.tiny_model(tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {}, 0, 1,
+                      torch.device("cpu"))
+    assert loaded == [os.path.join(out, wm_refit.REFIT_DIR)]
+    assert [r["iteration"] for r in read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))] == [2]

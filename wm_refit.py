@@ -1,0 +1,154 @@
+"""The world model refit on the real outcomes of the policy's own dreams, as the dream run goes.
+
+    torchrun train.py --mode dream --real-ratio 0.4 --wm-refit-steps 2     # every --replay-every iterations
+
+A world model right on held-out expert and random transitions can still be wrong on the states the
+policy dreams itself into: the policy's failures are the ones its training data lacks, and its `done:`
+line called a quarter of the BC policy's failing steps successes (docs/dreams.md, d15). The dream loop
+already replays a sample of dreams on real pages to check the reward (dream.replay_dreams). With
+`--wm-refit-steps K` those replays also become real transitions (`replay_transitions`: the real page
+before each step, the dream's action, the real page after, the real outcome), and the world model takes
+K optimizer steps on them (`WorldModelRefit`): Dyna's model learning from real experience, on exactly the
+states the current policy reaches. Each step's batch is half the newest refit transitions, half drawn
+from the world model's own training transitions (--transitions), so it does not forget the rest of
+the suite. The refit transitions go to out/wm_refit.jsonl and the refit model to out/world_model/ at each
+checkpoint, which a resumed run dreams in (the optimizer's moments start afresh).
+
+The replays' real browser steps are counted in env/real_steps as before; the refit adds none.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import torch
+
+import distributed
+import supervised
+import world_model
+from delta import diff, done_status
+
+REFIT_DIR = "world_model"          # under the dream run's out/
+REFIT_TRANSITIONS = "wm_refit.jsonl"
+
+
+def replay_transitions(dream: dict, start: dict, replay: dict, iteration: int) -> list[dict]:
+    """The real transitions a replayed dream gives: one per dream step the real episode took whose
+    action parsed (a parse error never reaches the world model in a dream either).
+
+    dream: a dream's trajectory (turns with `action`, None where the reply did not parse); start: the
+    real state it began from (transitions.pick_start_state: url, axtree, error, hidden, goal, task, seed,
+    prefix); replay: transitions.replay's result for its actions, on a WebEnv(hidden=True) so that the
+    pages carry their hidden content as the world model's training pages do. Returns [] unless the replay
+    reproduced the start page (start_match) without an env_error. Records are transitions.py's
+    ({task, seed, step, goal, obs, action, next_obs, delta, reward, done, success, truncated, source}),
+    with source `dream_replay` and `iteration`; step counts from the start state's stage.
+    """
+    if not replay["start_match"] or replay["env_error"]:
+        return []
+    prev = {"url": start["url"], "axtree": start["axtree"], "error": start.get("error", "") or ""}
+    if start.get("hidden"):
+        prev["hidden"] = start["hidden"]
+    out, stage = [], len(start.get("prefix", []))
+    n = len(replay["states"])
+    for k, (turn, nxt) in enumerate(zip(dream["turns"], replay["states"])):
+        last = k == n - 1
+        done = bool(last and replay.get("done"))
+        success = bool(done and replay["success"])
+        if turn.get("action"):
+            rec = {"task": start["task"], "seed": start["seed"], "step": stage + k, "goal": start["goal"],
+                   "obs": prev, "action": turn["action"], "next_obs": nxt, "reward": float(replay["reward"]) if done else 0.0,
+                   "done": done, "success": success, "truncated": False, "source": "dream_replay",
+                   "iteration": iteration}
+            rec["delta"] = diff(prev, nxt, done_status(success, done), action=turn["action"])
+            out.append(rec)
+        prev = nxt
+    return out
+
+
+class WorldModelRefit:
+    """K AdamW steps on the world model per refit: each batch `batch_size` samples, half from the newest
+    refit transitions (a buffer of at most `buffer_size`, newest first) and the rest from `base`
+    (the world model's own training transitions), the loss -log p(Δ | goal, o_t, a_t) of train.py --mode wm
+    (world_model.wm_samples, supervised.accumulate_gradients; DynaWeb Sec. 3, Eq. 2).
+
+    Collective under torchrun: every rank calls `refit` at the same iterations with the same `steps`,
+    and gradients are summed over ranks (distributed.sync_gradients), so the ranks' copies stay equal.
+    The model must not be generating while `refit` runs (the dream loop calls it between rollouts).
+    Raises ValueError for steps < 0, batch_size < 2 or an empty `base`.
+    """
+
+    def __init__(self, model, tokenizer, base: list[dict], *, lr: float = 2e-5, batch_size: int = 16,
+                 micro_batch: int = 4, buffer_size: int = 512, max_tokens: int = 1024, bf16: bool = False,
+                 max_grad_norm: float = 1.0, seed: int = 0, world: int = 1):
+        if batch_size < 2:
+            raise ValueError(f"batch_size must be at least 2 (half new, half base), got {batch_size}")
+        if not base:
+            raise ValueError("WorldModelRefit needs the world model's training transitions (base), got none")
+        self.model, self.tok, self.base = model, tokenizer, base
+        self.batch_size, self.micro_batch, self.buffer_size = batch_size, micro_batch, buffer_size
+        self.max_tokens, self.bf16, self.max_grad_norm, self.world = max_tokens, bf16, max_grad_norm, world
+        self.rng = random.Random(seed)
+        self.buffer: list[dict] = []
+        self.opt = torch.optim.AdamW([p for p in model.parameters()], lr=lr, weight_decay=0.0)
+
+    def add(self, records: list[dict]) -> None:
+        """Put refit transitions in the buffer (newest last; the oldest fall out past buffer_size)."""
+        self.buffer = (self.buffer + list(records))[-self.buffer_size:]
+
+    def refit(self, steps: int) -> dict:
+        """Take `steps` optimizer steps. Returns {wm_refit/loss (mean over steps, per target token),
+        wm_refit/buffer (transitions in this rank's buffer), wm_refit/steps}; {} when steps is 0."""
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        if not steps:
+            return {}
+        device = next(self.model.parameters()).device
+        self.model.requires_grad_(True).train()
+        losses = []
+        try:
+            for _ in range(steps):
+                n_new = min(len(self.buffer), self.batch_size // 2)
+                new = self.buffer[-n_new:] if n_new else []  # the newest: the current policy's states
+                picked = new + self.rng.sample(self.base, min(len(self.base), self.batch_size - n_new))
+                samples = world_model.wm_samples(picked, self.tok, self.max_tokens)
+                n_tok = distributed.all_sum(sum(len(t) for _, t in samples), self.world)
+                loss, _ = supervised.accumulate_gradients(self.model, self.tok, samples, max(1, n_tok),
+                                                          self.micro_batch, device, self.bf16)
+                distributed.sync_gradients(self.model, self.world)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                losses.append(distributed.all_sum(loss, self.world))
+        finally:
+            self.model.eval().requires_grad_(False)
+        return {"wm_refit/loss": sum(losses) / len(losses), "wm_refit/buffer": len(self.buffer),
+                "wm_refit/steps": steps}
+
+
+def save_refit(out: str, model, tokenizer, source: str, iteration: int) -> None:
+    """Write the refit world model to out/world_model (atomically: a temp folder, then rename), with the
+    source checkpoint's webdream.json (its prompt and Δ format) and refit.json {iteration}. Rank 0 only."""
+    final = os.path.join(out, REFIT_DIR)
+    tmp = final + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if os.path.exists(os.path.join(source, "webdream.json")):
+        shutil.copy(os.path.join(source, "webdream.json"), tmp)
+    with open(os.path.join(tmp, "refit.json"), "w") as f:
+        json.dump({"iteration": iteration, "source": source}, f)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def refit_iteration(out: str) -> int | None:
+    """The iteration out/world_model was saved at, or None when there is none."""
+    try:
+        with open(os.path.join(out, REFIT_DIR, "refit.json")) as f:
+            return int(json.load(f)["iteration"])
+    except (OSError, ValueError, KeyError):
+        return None
+
