@@ -159,13 +159,15 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
                             "done_false_positive", "judge_false_positive"], 0)
     steps = 0
     out = []
+    refit = bool(getattr(args, "wm_refit_steps", 0))  # then the pages as the world model's training pages were recorded
     for t in sample:
         start = transitions.pick_start_state(states, t["seed"], t["task"])
         if start.get("seed") is None:
             continue
         if not renv_holder:
             renv_holder.append(webenv.WebEnv(t["task"], max_steps=max(30, len(start["prefix"]) + args.dream_len + 1),
-                                             hidden=bool(getattr(args, "wm_refit_steps", 0))))
+                                             hidden=refit, action_timeout_ms=transitions.COLLECT_ACTION_TIMEOUT_MS
+                                             if refit else None))
         r = transitions.replay(start, [u["response"] for u in t["turns"]], env=renv_holder[0])
         steps += r["steps"]
         if r["env_error"]:
@@ -188,7 +190,7 @@ def replay_dreams(trajs: list[dict], states: list[dict], renv_holder: list, args
         out.append({**{k: v for k, v in t.items() if k != "turns"}, "turns": turns, "iteration": it,
                     "predicted_success": t["success"], "real_success": r["success"],
                     "start_match": r["start_match"], "start": {k: start[k] for k in ("task", "seed", "prefix")},
-                    "real_transitions": wm_refit.replay_transitions(t, start, r, it)})
+                    "real_transitions": wm_refit.replay_transitions(t, start, r, it) if refit else []})
     return counts, steps, out
 
 
@@ -303,16 +305,17 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             wm_path = os.path.join(args.out, wm_refit.REFIT_DIR)
             if refit_at != it:
                 distributed.print0(rank, f"warning: {wm_path} was saved at iteration {refit_at}, the run resumes at {it}")
+        elif args.wm_refit_steps and it:
+            raise FileNotFoundError(f"{os.path.join(args.out, wm_refit.REFIT_DIR)}: no refit world model to resume "
+                                    f"in (--wm-refit-steps saves one beside every checkpoint)")
         wm, wm_tok = policy.load_model(wm_path, device=device)
-        wm.eval().requires_grad_(False)
-        if args.wm_refit_steps:
+        if args.wm_refit_steps:  # before freezing: it trains what load_model left trainable (a PEFT adapter)
             refit = wm_refit.WorldModelRefit(
                 wm, wm_tok, [t for t in read_jsonl(args.transitions) if t["task"] in args.tasks], lr=args.wm_refit_lr,
                 batch_size=args.wm_refit_batch, micro_batch=args.micro_batch, max_tokens=args.max_prompt_tokens,
                 bf16=bool(args.bf16), seed=args.seed * 31 + it + rank, world=world)
-            if it:  # resumed: this rank's buffer as it was (later lines are redone)
-                truncate_jsonl(refit_path, "iteration", it)
-                refit.add(read_jsonl(refit_path) if os.path.exists(refit_path) else [])
+            truncate_jsonl(refit_path, "iteration", it)  # a log: lines past a resumed iteration are redone
+        wm.eval().requires_grad_(False)
         # one Δ server: the steps of every waiting dream are generated in one batched call
         server = world_model.DeltaServer(wm, wm_tok, bf16=bool(args.bf16) and device.type == "cuda",
                                          max_batch=args.num_envs, max_prompt_tokens=args.max_prompt_tokens)
@@ -374,10 +377,8 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                 with open(refit_path, "a") as f:
                     for x in new:
                         f.write(json.dumps(x) + "\n")
-                refit.add(new)
                 with world_model._PREDICT_LOCK:  # no Δ is being generated between rollouts; held to be sure
-                    refit_m = refit.refit(args.wm_refit_steps)
-                refit_m["wm_refit/new"] = distributed.all_sum(len(new), world)
+                    refit_m = refit.refit(new, args.wm_refit_steps)
             for r in replays:
                 r.pop("real_transitions", None)
             it += 1
@@ -407,7 +408,8 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             counters = {"env_steps": real_steps, "dream_steps": dream_steps, "dream_tasks": dream_tasks}
             if it % args.save_every == 0 or it == args.iterations:
                 if refit is not None and rank == 0:  # first, so that a checkpoint never runs ahead of its world model
-                    wm_refit.save_refit(args.out, wm, wm_tok, args.world_model, it)
+                    with world_model._PREDICT_LOCK:  # the tokenizer's state is shared with the Δ server's thread
+                        wm_refit.save_refit(args.out, wm, wm_tok, args.world_model, it)
                 checkpoint.save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, counters, args.keep_ckpts,
                                            rank, world, settings)
         bar.close()

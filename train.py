@@ -317,6 +317,10 @@ def parse_args(argv=None):
         p.error(f"--wm-refit-steps must be at least 0, got {args.wm_refit_steps}")
     if args.wm_refit_steps and not args.replay_every:
         p.error("--wm-refit-steps trains on the replay checks' real transitions: it needs --replay-every N > 0")
+    if args.wm_refit_steps and (args.mode != "dream" or args.real_ratio >= 1.0):
+        p.error("--wm-refit-steps refits the world model of --mode dream's dreams: it needs --real-ratio below 1")
+    if args.wm_refit_lr <= 0:
+        p.error(f"--wm-refit-lr must be > 0, got {args.wm_refit_lr}")
     if args.wm_refit_batch < 2:
         p.error(f"--wm-refit-batch must be at least 2 (half replayed, half --transitions), got {args.wm_refit_batch}")
     if args.dream_max_stage is not None and args.dream_max_stage < 0:

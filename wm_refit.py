@@ -9,10 +9,12 @@ already replays a sample of dreams on real pages to check the reward (dream.repl
 `--wm-refit-steps K` those replays also become real transitions (`replay_transitions`: the real page
 before each step, the dream's action, the real page after, the real outcome), and the world model takes
 K optimizer steps on them (`WorldModelRefit`): Dyna's model learning from real experience, on exactly the
-states the current policy reaches. Each step's batch is half the newest refit transitions, half drawn
+states the current policy reaches. Each step's batch is up to half that check's transitions, half drawn
 from the world model's own training transitions (--transitions), so it does not forget the rest of
-the suite. The refit transitions go to out/wm_refit.jsonl and the refit model to out/world_model/ at each
-checkpoint, which a resumed run dreams in (the optimizer's moments start afresh).
+the suite. The refit transitions go to out/wm_refit-rank{R}.jsonl (a log) and the refit model to
+out/world_model/ at each checkpoint, which a resumed run dreams in (the optimizer's moments start afresh).
+The replays wait COLLECT_ACTION_TIMEOUT_MS for an action's element, as the training transitions did, so
+that a timeout reads the same in both.
 
 The replays' real browser steps are counted in env/real_steps as before; the refit adds none.
 """
@@ -69,70 +71,77 @@ def replay_transitions(dream: dict, start: dict, replay: dict, iteration: int) -
 
 
 class WorldModelRefit:
-    """K AdamW steps on the world model per refit: each batch `batch_size` samples, half from the newest
-    refit transitions (a buffer of at most `buffer_size`, newest first) and the rest from `base`
-    (the world model's own training transitions), the loss -log p(Δ | goal, o_t, a_t) of train.py --mode wm
-    (world_model.wm_samples, supervised.accumulate_gradients; DynaWeb Sec. 3, Eq. 2).
+    """K AdamW steps on the world model per replay check, on that check's real transitions: each step's
+    batch of `batch_size` is up to half this check's transitions (shuffled, and dealt across the K steps,
+    so that every one is trained on when there are enough steps) and the rest drawn from `base` (the world
+    model's own training transitions, so the rest of the suite is not forgotten); the loss is
+    -log p(Δ | goal, o_t, a_t) of train.py --mode wm (world_model.wm_samples, supervised.accumulate_gradients;
+    DynaWeb Sec. 3, Eq. 2). Only the parameters trainable when it is built are trained (a PEFT world
+    model: its adapter, which is what save_pretrained writes).
 
     Collective under torchrun: every rank calls `refit` at the same iterations with the same `steps`,
-    and gradients are summed over ranks (distributed.sync_gradients), so the ranks' copies stay equal.
-    The model must not be generating while `refit` runs (the dream loop calls it between rollouts).
-    Raises ValueError for steps < 0, batch_size < 2 or an empty `base`.
+    gradients are summed over ranks (distributed.sync_gradients), so the ranks' copies stay equal, and
+    when no rank has a new transition no rank steps. The model must not be generating while `refit` runs
+    (the dream loop holds world_model._PREDICT_LOCK). Raises ValueError for batch_size < 2 or an empty `base`.
     """
 
     def __init__(self, model, tokenizer, base: list[dict], *, lr: float = 2e-5, batch_size: int = 16,
-                 micro_batch: int = 4, buffer_size: int = 512, max_tokens: int = 1024, bf16: bool = False,
-                 max_grad_norm: float = 1.0, seed: int = 0, world: int = 1):
+                 micro_batch: int = 4, max_tokens: int = 1024, bf16: bool = False, max_grad_norm: float = 1.0,
+                 seed: int = 0, world: int = 1):
         if batch_size < 2:
             raise ValueError(f"batch_size must be at least 2 (half new, half base), got {batch_size}")
         if not base:
             raise ValueError("WorldModelRefit needs the world model's training transitions (base), got none")
         self.model, self.tok, self.base = model, tokenizer, base
-        self.batch_size, self.micro_batch, self.buffer_size = batch_size, micro_batch, buffer_size
-        self.max_tokens, self.bf16, self.max_grad_norm, self.world = max_tokens, bf16, max_grad_norm, world
+        self.batch_size, self.micro_batch, self.max_tokens = batch_size, micro_batch, max_tokens
+        self.bf16, self.max_grad_norm, self.world = bf16, max_grad_norm, world
         self.rng = random.Random(seed)
-        self.buffer: list[dict] = []
-        self.opt = torch.optim.AdamW([p for p in model.parameters()], lr=lr, weight_decay=0.0)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("WorldModelRefit: the model has no trainable parameter (build it before freezing the model)")
+        self.opt = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
 
-    def add(self, records: list[dict]) -> None:
-        """Put refit transitions in the buffer (newest last; the oldest fall out past buffer_size)."""
-        self.buffer = (self.buffer + list(records))[-self.buffer_size:]
-
-    def refit(self, steps: int) -> dict:
-        """Take `steps` optimizer steps. Returns {wm_refit/loss (mean over steps, per target token),
-        wm_refit/buffer (transitions in this rank's buffer), wm_refit/steps}; {} when steps is 0."""
+    def refit(self, new: list[dict], steps: int) -> dict:
+        """Take `steps` optimizer steps on this rank's `new` transitions (replay_transitions' records) and the
+        base. Returns {wm_refit/loss (mean over steps, per target token), wm_refit/new (all ranks' new
+        transitions), wm_refit/steps}; only wm_refit/new, with no step taken, when no rank has any."""
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
-        if not steps:
-            return {}
+        total = int(distributed.all_sum(len(new), self.world))
+        if not steps or not total:
+            return {"wm_refit/new": total}
         device = next(self.model.parameters()).device
-        self.model.requires_grad_(True).train()
+        order = self.rng.sample(new, len(new))
+        half = min(len(order), self.batch_size // 2)
+        for p in self.params:
+            p.requires_grad_(True)
+        self.model.train()
         losses = []
         try:
-            for _ in range(steps):
-                n_new = min(len(self.buffer), self.batch_size // 2)
-                new = self.buffer[-n_new:] if n_new else []  # the newest: the current policy's states
-                picked = new + self.rng.sample(self.base, min(len(self.base), self.batch_size - n_new))
+            for k in range(steps):
+                mine = [order[(k * half + j) % len(order)] for j in range(half)]
+                picked = mine + self.rng.sample(self.base, min(len(self.base), self.batch_size - half))
                 samples = world_model.wm_samples(picked, self.tok, self.max_tokens)
                 n_tok = distributed.all_sum(sum(len(t) for _, t in samples), self.world)
                 loss, _ = supervised.accumulate_gradients(self.model, self.tok, samples, max(1, n_tok),
                                                           self.micro_batch, device, self.bf16)
                 distributed.sync_gradients(self.model, self.world)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
                 losses.append(distributed.all_sum(loss, self.world))
         finally:
-            self.model.eval().requires_grad_(False)
-        return {"wm_refit/loss": sum(losses) / len(losses), "wm_refit/buffer": len(self.buffer),
-                "wm_refit/steps": steps}
+            self.model.eval()
+            for p in self.params:
+                p.requires_grad_(False)
+        return {"wm_refit/loss": sum(losses) / len(losses), "wm_refit/new": total, "wm_refit/steps": steps}
 
 
 def save_refit(out: str, model, tokenizer, source: str, iteration: int) -> None:
     """Write the refit world model to out/world_model (atomically: a temp folder, then rename), with the
     source checkpoint's webdream.json (its prompt and Δ format) and refit.json {iteration}. Rank 0 only."""
     final = os.path.join(out, REFIT_DIR)
-    tmp = final + ".tmp"
+    tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -140,14 +149,21 @@ def save_refit(out: str, model, tokenizer, source: str, iteration: int) -> None:
         shutil.copy(os.path.join(source, "webdream.json"), tmp)
     with open(os.path.join(tmp, "refit.json"), "w") as f:
         json.dump({"iteration": iteration, "source": source}, f)
-    shutil.rmtree(final, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):  # never a moment without a refit model on disk (refit_iteration reads .old too)
+        os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def refit_iteration(out: str) -> int | None:
-    """The iteration out/world_model was saved at, or None when there is none."""
+    """The iteration out/world_model was saved at, or None when there is none. A save cut between its two
+    renames left the previous model in out/world_model.old: it is moved back first."""
+    final = os.path.join(out, REFIT_DIR)
+    if not os.path.exists(final) and os.path.exists(final + ".old"):
+        os.replace(final + ".old", final)
     try:
-        with open(os.path.join(out, REFIT_DIR, "refit.json")) as f:
+        with open(os.path.join(final, "refit.json")) as f:
             return int(json.load(f)["iteration"])
     except (OSError, ValueError, KeyError):
         return None

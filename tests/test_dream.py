@@ -105,6 +105,14 @@ def test_replay_reaches_a_late_start_state_on_real_pages():
     assert r["success"] == ep[2]["success"] and r["states"][0]["axtree"] == ep[2]["next_obs"]["axtree"]
     # the recording's step limit (3), not the task, ended the recorded episode; the replay's limit is 30
     assert ep[2]["truncated"] and not r["done"]
+    from env import WebEnv
+
+    capped = WebEnv("click-button", max_steps=3)  # the recording's limit: the episode ends, by the limit
+    try:
+        r3 = trans.replay(start, [ep[2]["action"]], env=capped)
+    finally:
+        capped.close()
+    assert r3["steps"] == 3 and not r3["done"] and not r3["success"]
     import wm_refit  # the replay as the world model's training transition: the recorded step's own label
 
     (t,) = wm_refit.replay_transitions({"turns": [{"action": ep[2]["action"]}]}, start, r, iteration=1)
@@ -265,11 +273,12 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
     if expert_loss == "kl":  # the refit ran at the replay check only; the refit world model was saved for a resume
         import wm_refit
 
-        assert "wm_refit/steps" not in ms[0] and ms[1]["wm_refit/steps"] == 1 and ms[1]["wm_refit/loss"] > 0
+        # (the tiny policy's replies rarely parse, so a check may bring no transition, and then no step)
+        assert "wm_refit/new" not in ms[0] and ms[1].get("wm_refit/steps", 0) == (1 if ms[1]["wm_refit/new"] else 0)
         assert wm_refit.refit_iteration(out) == 2
         assert len(read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))) == ms[1]["wm_refit/new"]
     else:
-        assert "wm_refit/steps" not in ms[1] and not os.path.exists(os.path.join(out, "world_model"))
+        assert "wm_refit/new" not in ms[1] and not os.path.exists(os.path.join(out, "world_model"))
     dreams = read_jsonl(os.path.join(out, "dreams-rank0.jsonl"))  # every imagined trajectory, without token ids
     assert [(d["iteration"], d["group"]) for d in dreams] == [(1, 0), (1, 0), (2, 0), (2, 0)]
     assert all(d["source"] == "dream" and d["turns"] and "response_ids" not in d["turns"][0] for d in dreams)

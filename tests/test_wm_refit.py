@@ -57,38 +57,50 @@ def test_a_replayed_dream_gives_the_real_transitions_of_its_parsed_steps():
     assert wm_refit.replay_transitions({"turns": turns}, start, {**replay, "env_error": True}, 3) == []
 
 
-def test_the_refit_trains_the_world_model_on_its_buffer_and_the_base(tok, monkeypatch):
+def test_the_refit_trains_on_the_checks_transitions_and_the_base(tok, monkeypatch):
+    import world_model
+
     base = trans.load_transitions(DATA)
-    model = policy.tiny_model(tok, seed=2).eval().requires_grad_(False)
+    model = policy.tiny_model(tok, seed=2)
     with pytest.raises(ValueError):
         wm_refit.WorldModelRefit(model, tok, [])
     with pytest.raises(ValueError):
         wm_refit.WorldModelRefit(model, tok, base, batch_size=1)
-    refit = wm_refit.WorldModelRefit(model, tok, base, lr=1e-2, batch_size=4, micro_batch=2, buffer_size=3)
-    new = [t for t in base if t["task"] == "enter-text"]  # 6 transitions, 3 kept: the newest
-    refit.add(new)
-    assert refit.buffer == new[-3:]
+    refit = wm_refit.WorldModelRefit(model, tok, base, lr=1e-2, batch_size=4, micro_batch=2)
+    model.eval().requires_grad_(False)  # as the dream loop freezes it after building the refit
+    new = [t for t in base if t["task"] == "enter-text"]  # 6 transitions
     before = [p.detach().clone() for p in model.parameters()]
-    assert refit.refit(0) == {} and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert refit.refit(new, 0) == {"wm_refit/new": 6} and refit.refit([], 3) == {"wm_refit/new": 0}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing new: no step
     with pytest.raises(ValueError):
-        refit.refit(-1)
-
-    m = refit.refit(4)
-    assert m["wm_refit/steps"] == 4 and m["wm_refit/buffer"] == 3 and m["wm_refit/loss"] > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it learnt
-    assert not model.training and not any(p.requires_grad for p in model.parameters())  # back to dreaming
-    # each step's batch: the buffer's newest (half the batch at most), the rest drawn from the base
-    import world_model
+        refit.refit(new, -1)
 
     seen, real_samples = [], world_model.wm_samples
     monkeypatch.setattr(world_model, "wm_samples", lambda ts, *a, **k: seen.append(list(ts)) or real_samples(ts, *a, **k))
-    refit.refit(2)
-    assert len(seen) == 2 and all(len(b) == 4 and b[:2] == new[-2:] and all(t in base for t in b[2:]) for b in seen)
-    one = wm_refit.WorldModelRefit(model, tok, base, batch_size=4)
-    one.add(new[:1])
+    m = refit.refit(new, 3)
+    assert m["wm_refit/steps"] == 3 and m["wm_refit/new"] == 6 and m["wm_refit/loss"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it learnt
+    assert not model.training and not any(p.requires_grad for p in model.parameters())  # back to dreaming
+    # each step: two of the check's transitions (every one of the six once over the three steps), two of the base
+    assert len(seen) == 3 and all(len(b) == 4 and all(t in base for t in b[2:]) for b in seen)
+    assert sorted(map(id, [t for b in seen for t in b[:2]])) == sorted(map(id, new))
     seen.clear()
-    one.refit(1)
-    assert seen[0][0] == new[0] and len(seen[0]) == 4  # a buffer of one: one new, three from the base
+    refit.refit(new[:1], 2)  # one new transition: in both batches, three of the base beside it
+    assert [b[0] for b in seen] == [new[0]] * 2 and all(len(b) == 4 for b in seen)
+
+
+def test_the_refit_trains_only_a_peft_world_models_adapter(tok):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(policy.tiny_model(tok, seed=2), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    refit = wm_refit.WorldModelRefit(model, tok, trans.load_transitions(DATA), lr=1e-2, batch_size=4)
+    model.requires_grad_(False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # lora_B starts at zero, so lora_A's first gradient is zero: two steps move both
+    refit.refit(trans.load_transitions(DATA)[:4], 2)
+    moved = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
+    assert moved and all("lora_" in n for n in moved)  # save_pretrained writes the adapter: nothing trained is lost
+
 
 def test_the_refit_world_model_is_saved_with_its_format_and_iteration(tmp_path, tok):
     src = str(tmp_path / "wm")
@@ -138,3 +150,13 @@ def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demo
                       torch.device("cpu"))
     assert loaded == [os.path.join(out, wm_refit.REFIT_DIR)]
     assert [r["iteration"] for r in read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))] == [2]
+    # a save cut between its renames left only world_model.old: it is the one resumed in
+    os.replace(os.path.join(out, wm_refit.REFIT_DIR), os.path.join(out, wm_refit.REFIT_DIR + ".old"))
+    assert wm_refit.refit_iteration(out) == 2 and os.path.isdir(os.path.join(out, wm_refit.REFIT_DIR))
+    # no refit model at all: a clear error, not dreams in the world model the run began with
+    import shutil
+
+    shutil.rmtree(os.path.join(out, wm_refit.REFIT_DIR))
+    with pytest.raises(FileNotFoundError, match="no refit world model to resume in"):
+        dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {},
+                          0, 1, torch.device("cpu"))
