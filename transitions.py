@@ -59,6 +59,7 @@ def random_action(obs, rng: random.Random) -> str:
 
 
 _NEAR_MISS_VERBS = {"click", "dblclick", "check", "uncheck", "focus"}
+_ANY_ELEMENT_VERBS = {"click", "dblclick", "focus"}  # verbs any element takes: check/uncheck need a checkbox
 _SUBMIT_NAMES = ("Submit", "submit", "Login", "login")
 
 
@@ -66,8 +67,9 @@ def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
     """The expert's `action` with one argument swapped for a plausible wrong one, or None when there is none.
 
     click / dblclick / check / uncheck / focus on bid b -> the same verb on another bid of b's role and
-    another name (another link, button, checkbox, tab), or, where the page has none, on b's parent or
-    another element under it (click-dialog: the dialog or its paragraph, not its one Close button); fill(b, text) -> fill(b, other text of another
+    another name (another link, button, checkbox, tab), or, where the page has none and the verb is click,
+    dblclick or focus, on b's parent or another element under it (click-dialog: the dialog or its
+    paragraph, not its one Close button; a lone checkbox gets no check on its parent); fill(b, text) -> fill(b, other text of another
     length: a name from the page, a stock word, `text` one character longer or shorter; another length,
     so a masked password's dots differ too); select_option(b, option) -> another option of b's list.
     Other verbs, or a bid the page lacks -> None. These are the world model's hard negatives: a step that
@@ -85,7 +87,9 @@ def near_miss_action(action: str, obs, rng: random.Random) -> str | None:
         return None
     if name in _NEAR_MISS_VERBS:
         others = [n.bid for n in nodes if n.role == target.role and n.bid != target.bid
-                  and not (target.name and n.name == target.name)] or _neighbour_bids(tree, target)
+                  and not (target.name and n.name == target.name)]
+        if not others and name in _ANY_ELEMENT_VERBS:
+            others = _neighbour_bids(tree, target)
         return canonical(name, [rng.choice(others)] + args[1:]) if others else None
     if name == "fill" and len(args) == 2 and isinstance(args[1], str):
         text = args[1]

@@ -618,6 +618,11 @@ def test_near_miss_actions_swap_one_argument_for_a_wrong_one():
     misses = {trans.near_miss_action("click('20')", dialog, rng) for _ in range(40)}
     assert misses == {"click('17')", "click('24')"}
     assert trans.near_miss_action("click('2')", dialog, rng) is None  # top level, the only heading
+    # check/uncheck only on another checkbox: never on a lone box's parent or its label
+    lone = Obs(goal="g", url="u", axtree="[40] group 'Pick'\n [41] checkbox 'x'\n [42] LabelText 'x'\n[43] button 'Submit'")
+    assert trans.near_miss_action("check('41')", lone, rng) is None
+    assert trans.near_miss_action("uncheck('41')", lone, rng) is None
+    assert trans.near_miss_action("click('41')", lone, rng) in {"click('40')", "click('42')"}
 
 
 @pytest.mark.skipif(not shutil.which(os.environ.get("WEBDREAM_CHROMIUM", "/usr/bin/chromium")), reason="no Chromium")
