@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from axtree import BID
+from keys import canonical_keys
 
 class ActionParseError(ValueError):
     """The model's text holds no valid action. The message (str(e)) is shown to the agent.
@@ -84,24 +85,6 @@ _STRING_REST = {
 _LINE_STRING_REST = {"'": re.compile(r"[^'\\\n]*(?:\\.[^'\\\n]*)*'"),  # a string in code outside calls
                      '"': re.compile(r'[^"\\\n]*(?:\\.[^"\\\n]*)*"')}
 _QUOTE_OR_HASH = re.compile(r"['\"#]")
-# The keys Playwright's press() knows (its US keyboard layout, Playwright 1.44): key codes and names,
-# and single characters: printable ASCII, '\n' and '\r' (Enter). tests/test_actions.py checks this
-# list against the installed Playwright's own.
-_NAMED_KEYS = frozenset(
-    ["Alt", "AltGraph", "AltLeft", "AltRight", "ArrowDown", "ArrowLeft", "ArrowRight", "ArrowUp", "Backquote",
-     "Backslash", "Backspace", "BracketLeft", "BracketRight", "CapsLock", "Comma", "ContextMenu", "Control",
-     "ControlLeft", "ControlOrMeta", "ControlRight", "Delete", "End", "Enter", "Equal", "Escape", "Home", "Insert",
-     "Meta", "MetaLeft", "MetaRight", "Minus", "NumLock", "NumpadAdd", "NumpadDecimal", "NumpadDivide",
-     "NumpadEnter", "NumpadMultiply", "NumpadSubtract", "PageDown", "PageUp", "Pause", "Period", "PrintScreen",
-     "Quote", "ScrollLock", "Semicolon", "Shift", "ShiftLeft", "ShiftRight", "Slash", "Space", "Tab"]
-    + [f"Digit{i}" for i in range(10)] + [f"Numpad{i}" for i in range(10)] + [f"F{i}" for i in range(1, 13)]
-    + [f"Key{chr(c)}" for c in range(ord("A"), ord("Z") + 1)])
-_KEY_CHARS = frozenset(map(chr, range(0x20, 0x7F))) | {"\n", "\r"}
-# A key as models write it -> Playwright's name: names in any case, a few common short names, and the
-# characters that name a key better than they show it
-_KEY_ALIASES = {**{k.lower(): k for k in _NAMED_KEYS}, "ctrl": "Control", "esc": "Escape", "return": "Enter",
-                "del": "Delete", "cmd": "Meta"}
-_KEY_CHAR_NAMES = {" ": "Space", "\n": "Enter", "\r": "Enter"}
 _TRAILING_COMMENT = re.compile(r"[ \t]*#")
 _VALID_ESCAPES = frozenset("\\'\"abfnrtv01234567xNuU")
 _STRING_FIX = re.compile(r"\\(?:\r\n|.)|[\r\n\x00]", re.S)
@@ -453,39 +436,15 @@ def _check_call(call: ast.Call, src: str, actions: dict) -> str:
             if isinstance(v, (int, float)):
                 v = _number_text(node, src)
             if p in ("key_comb", "key"):
-                v = canonical_keys(v, name)
+                try:
+                    v = canonical_keys(v, name)
+                except ValueError as e:
+                    raise ActionParseError(str(e), "bad_key") from None
             elif p == "url" and not v.strip():
                 raise ActionParseError("goto() takes a URL such as goto('http://shop.example/'), got an empty one",
                                        "bad_text")
         out.append(v)
     return canonical(name, out)
-
-
-def canonical_keys(key_comb: str, action: str = "press") -> str:
-    """A press() (or keyboard_press(), ...: `action`, for the message) key combination as Playwright takes
-    it: keys joined by '+' (split as Playwright splits
-    them: 'Control++' is Control then '+'), each a key name ('Enter', 'ArrowLeft', 'KeyA', 'F5',
-    'Shift', 'ControlOrMeta'; any case, or 'ctrl', 'esc', 'return', 'del', 'cmd') or one printable ASCII
-    character. ' ' is 'Space', a newline 'Enter'. canonical_keys(' ') -> 'Space', 'control+a' -> 'Control+a'.
-    Errors: ActionParseError (kind bad_key) naming the key Playwright would not know."""
-    keys, building = [], ""
-    for c in key_comb:  # Playwright's split (server/input.js)
-        if c == "+" and building:
-            keys.append(building)
-            building = ""
-        else:
-            building += c
-    keys.append(building)
-    out = []
-    for k in keys:
-        name = _KEY_CHAR_NAMES.get(k) or (k if k in _KEY_CHARS else _KEY_ALIASES.get(k.strip().lower()))
-        if name is None:
-            what = "an empty key" if not k.strip() else f"unknown key {_snippet(k)}"
-            raise ActionParseError(f"{action}() got {what} in {_snippet(key_comb)}: use a key name such as 'Enter', "
-                                   f"'Space', 'Tab', 'ArrowDown', 'Backspace', one character such as 'a', or a "
-                                   f"combination such as 'Control+a'", "bad_key")
-        out.append(name)
-    return "+".join(out)
 
 
 def _signature_example(name: str) -> str:

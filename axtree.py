@@ -329,3 +329,73 @@ def read_tree(text: str) -> list[Node]:
     """Every node of a flattened tree (or of a whole observation text: its Goal/URL lines read as
     nodes without a bid), in order. Lines end at '\n' only, as in the world model's Δ format."""
     return [n for n in map(parse_line, text.split("\n")) if n is not None]
+
+
+# ----------------------------------------------------------------------------------------------
+# Tree lines: depth, subtrees, the focus flag, hidden blocks (what delta.py's diff and apply edit)
+
+_FOCUS_FLAG = re.compile(rf"{STRING}|, focused(?=,|$)")  # quoted names and values are skipped
+_FIRST_FLAG = re.compile(rf"{STRING}|, ")
+
+
+def indent(line: str) -> int:
+    """A tree line's depth: its leading spaces (flatten_axtree writes one per level)."""
+    return len(line) - len(line.lstrip(" "))
+
+
+def subtree_end(lines: list[str], i: int) -> int:
+    """One past the last line of line i's subtree: i, then every following line indented deeper."""
+    d, e = indent(lines[i]), i + 1
+    while e < len(lines) and indent(lines[e]) > d:
+        e += 1
+    return e
+
+
+def has_focus(line: str) -> bool:
+    """Whether a tree line carries the `focused` flag (not inside its quoted name or value)."""
+    return _without_focus(line) != line
+
+
+def _without_focus(line: str) -> str:  # the line without its first `, focused` flag
+    for m in _FOCUS_FLAG.finditer(line):
+        if m.group(0) == ", focused":
+            return line[:m.start()] + line[m.end():]
+    return line
+
+
+def _with_focus(line: str) -> str:  # `focused` goes first among the flags, as flatten_axtree writes it
+    for m in _FIRST_FLAG.finditer(line):
+        if m.group(0) == ", ":
+            return line[:m.start()] + ", focused" + line[m.start():]
+    return line + ", focused"
+
+
+def move_focus(lines: list[str], bid: str | None) -> tuple[list[str], bool]:
+    """The lines with the `focused` flag taken off every line and put on the first line whose bid is
+    `bid` (None: on none). Returns (lines, found): found is False when no line has that bid (the
+    flag is then on no line)."""
+    out = [_without_focus(x) for x in lines]
+    if bid is None:
+        return out, True
+    i = next((i for i, x in enumerate(out) if line_bid(x) == bid), None)
+    if i is None:
+        return out, False
+    out[i] = _with_focus(out[i])
+    return out, True
+
+
+def drop_shown(hidden: str, tree: list[str]) -> str:
+    """`hidden` (axtree.format_hidden's lines) without each top-level block that holds a bid `tree`'s
+    lines show. Unchanged when no block does (also when the text is no such listing)."""
+    if not hidden or not isinstance(hidden, str):
+        return hidden
+    shown = {line_bid(x) for x in tree} - {None}
+    lines = hidden.split("\n")
+    base = min(map(indent, lines))
+    blocks: list[list[str]] = []
+    for x in lines:
+        if not blocks or indent(x) <= base:
+            blocks.append([])
+        blocks[-1].append(x)
+    kept = [b for b in blocks if not any(line_bid(x) in shown for x in b)]
+    return hidden if len(kept) == len(blocks) else "\n".join(x for b in kept for x in b)

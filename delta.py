@@ -60,17 +60,19 @@ The paper predicts a free-text description of the change; we deviate on purpose:
 makes the training labels noise-free and lets evaluation count exact next-page matches.
 
 Pure text: nothing here needs a browser or a model (world_model.py predicts Δ, transitions.py
-records real ones).
+records real ones). Beside it: delta_edits.py (how diff lines two trees up, and its `=` blocks) and
+axtree.py's tree-line helpers (a line's depth and subtree, the `focused` flag, hidden blocks).
 """
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, is_dataclass
 
 from actions import split_action
-from axtree import BID as _BID, STRING as _STRING, line_bid as _line_bid, quote as _quote
+from axtree import BID as _BID, STRING as _STRING, drop_shown, has_focus, line_bid as _line_bid, move_focus
+from axtree import quote as _quote, subtree_end
+from delta_edits import best_block, line_edits
 
 # ----------------------------------------------------------------------------------------------
 # States and the Δ format
@@ -102,8 +104,6 @@ _OP_SUBTREE = re.compile(rf"= ((?:\^|\[{_BID}\])\+[0-9]+|\[{_BID}\])(?: (.*))?$"
 _OP_BLOCK = re.compile(r"\|(?: (.*))?$", re.S)  # | LINE: the next line of the block above
 _OP_HEADER = re.compile(r"(url|error|focus):(?: (.*))?$", re.S)
 _FOCUS_VALUE = re.compile(rf"\[({_BID})\]|none")
-_FOCUS_FLAG = re.compile(rf"{_STRING}|, focused(?=,|$)")  # quoted names and values are skipped
-_FIRST_FLAG = re.compile(rf"{_STRING}|, ")
 _OP_DONE = re.compile(r"done: *(yes|no|fail) *$")
 # a tree line's value field, where flatten_axtree writes it (after the indent, bid, role and name): page
 # text can only put a placeholder inside a quoted string, never here
@@ -197,52 +197,6 @@ def done_status(success: bool, terminated: bool) -> str:
     return "yes" if success else ("fail" if terminated else "no")
 
 
-def indent(line: str) -> int:
-    """A tree line's depth: its leading spaces (flatten_axtree writes one per level)."""
-    return len(line) - len(line.lstrip(" "))
-
-
-def subtree_end(lines: list[str], i: int) -> int:
-    """One past the last line of line i's subtree: i, then every following line indented deeper."""
-    d, e = indent(lines[i]), i + 1
-    while e < len(lines) and indent(lines[e]) > d:
-        e += 1
-    return e
-
-
-def has_focus(line: str) -> bool:
-    """Whether a tree line carries the `focused` flag (not inside its quoted name or value)."""
-    return _without_focus(line) != line
-
-
-def _without_focus(line: str) -> str:  # the line without its first `, focused` flag
-    for m in _FOCUS_FLAG.finditer(line):
-        if m.group(0) == ", focused":
-            return line[:m.start()] + line[m.end():]
-    return line
-
-
-def _with_focus(line: str) -> str:  # `focused` goes first among the flags, as flatten_axtree writes it
-    for m in _FIRST_FLAG.finditer(line):
-        if m.group(0) == ", ":
-            return line[:m.start()] + ", focused" + line[m.start():]
-    return line + ", focused"
-
-
-def move_focus(lines: list[str], bid: str | None) -> tuple[list[str], bool]:
-    """The lines with the `focused` flag taken off every line and put on the first line whose bid is
-    `bid` (None: on none). Returns (lines, found): found is False when no line has that bid (the
-    flag is then on no line)."""
-    out = [_without_focus(x) for x in lines]
-    if bid is None:
-        return out, True
-    i = next((i for i, x in enumerate(out) if _line_bid(x) == bid), None)
-    if i is None:
-        return out, False
-    out[i] = _with_focus(out[i])
-    return out, True
-
-
 def _focus_header(old: list[str], new: list[str]) -> tuple[str | None, list[str]]:
     """diff's `focus:` value (None: no header) and the old lines with it applied: a header when
     o_next has at most one focused line, not the one(s) o_t has; its value is that line's bid when
@@ -263,8 +217,8 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
     done: the `done:` line, True/"yes" (task complete), False/"no", or "fail" (ended unsuccessfully).
     apply(o_t, diff(o_t, o_next)) gives o_next's axtree, url and error exactly whenever o_next's tree
     repeats no bid (flatten_axtree never does: one line per node) and url/error hold no newline.
-    Lines are aligned by bid (difflib on bid keys; text for lines without a bid); a bid line whose
-    text changed is `~`, lines without a bid in a replaced stretch are paired in order as `~`.
+    Lines are aligned by bid (delta_edits.line_edits: difflib on bid keys; text for lines without a bid);
+    a bid line whose text changed is `~`, lines without a bid in a replaced stretch are paired in order as `~`.
     subtree: also try `=` blocks (an old subtree replaced by the new lines between the same kept
     neighbours), greedily, up to 4, each kept only when it makes the Δ text shorter.
     focus: write a moved focus as a `focus:` header (None: FOCUS_HEADER).
@@ -287,10 +241,10 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
     if typed is not None:  # only lines the Δ writes: a line the old page already shows stays as it is
         shown = set(old)
         new = [x if x in shown else type_value(x, typed) for x in new]
-    ops, kept = _edits(old, new, refs, okeys, nkeys, [])
+    ops, kept = line_edits(old, new, refs, okeys, nkeys, [])
     blocks: list[tuple[int, int, int, int]] = []
     while subtree and len(blocks) < 4:
-        best = _best_block(old, new, refs, okeys, nkeys, blocks, ops, kept)
+        best = best_block(old, new, refs, okeys, nkeys, blocks, ops, kept)
         if best is None:
             break
         blocks.append(best[0])
@@ -305,118 +259,6 @@ def diff(o_t, o_next, done: bool | str = False, *, subtree: bool = True, focus: 
     out += [text for *_, text in sorted(ops)]
     out.append(f"done: {status}")
     return "\n".join(out)
-
-
-def _size(ops: list[tuple]) -> int:
-    return sum(len(t) + 1 for *_, t in ops)
-
-
-def _best_block(old, new, refs, okeys, nkeys, blocks, ops, kept, tries: int = 3):
-    """The `=` block that shortens the Δ most, given the blocks already chosen and their (ops, kept):
-    ((i, e, j, k), (ops, kept)), or None when no block makes it shorter.
-
-    A block replaces an old subtree old[i:e] by every new line between the kept lines before i and
-    those from e on. Each candidate's size is estimated first (today's ops minus those on its
-    subtree and the inserts that lead into it, plus the block's lines); the `tries` best estimates
-    are then diffed for real, and the shortest exact Δ wins."""
-    size = _size(ops)
-    by_pos: dict[int, list[int]] = {}  # old position: [its edits' chars, the chars of inserts after it]
-    for pos, kind, _, text in ops:
-        by_pos.setdefault(pos, [0, 0])[kind] += len(text) + 1
-    order = sorted(kept)
-    cands = []
-    for i in range(len(old)):
-        e = subtree_end(old, i)
-        if any(i <= bi < e or bi <= i < be for bi, be, _, _ in blocks):
-            continue
-        before = [x for x in order if x < i]
-        j = kept[before[-1]][1] if before else 0
-        k = next((kept[x][0] for x in order if x >= e), len(new))
-        if k < j or any(bj == j for _, _, bj, _ in blocks):
-            continue
-        lead = before[-1] if before else -1  # the inserts after it are new lines of the block
-        saved = sum(sum(by_pos.get(x, (0, 0))) for x in range(i, e)) + by_pos.get(lead, (0, 0))[1]
-        est = size - saved + len(refs[i]) + 3 + sum(len(x) + 3 for x in new[j:k])
-        if est < size:
-            cands.append((est, i, e, j, k))
-    best = None
-    for est, i, e, j, k in sorted(cands)[:tries]:
-        cand = _edits(old, new, refs, okeys, nkeys, blocks + [(i, e, j, k)])
-        if cand is not None and _size(cand[0]) < (size if best is None else _size(best[1][0])):
-            best = ((i, e, j, k), cand)
-    return best
-
-
-def _edits(old: list[str], new: list[str], refs: list[str], okeys: list, nkeys: list,
-           blocks: list[tuple[int, int, int, int]]):
-    """diff's edit operations, old[i:e] replaced by new[j:k] for each (i, e, j, k) in `blocks`.
-
-    Returns (ops [(old position, 0 edit / 1 insert, sequence, text)], kept {old index: (new start,
-    new end)} of the lines (and blocks) that survive), or None when difflib does not keep a block
-    in place (it moved past other kept lines). Each block is one sentinel key on both sides."""
-    ob = {bl[0]: n for n, bl in enumerate(blocks)}
-    nb = {bl[2]: n for n, bl in enumerate(blocks)}
-    skip_o = {x for i, e, _, _ in blocks for x in range(i + 1, e)}
-    skip_n = {x for _, _, j, k in blocks for x in range(j, k)}
-    opos = [x for x in range(len(old)) if x not in skip_o]
-    npos, nblock = [], []  # new positions of the reduced sequence; the block at each (or None)
-    for x in range(len(new) + 1):
-        if x in nb:
-            npos.append(x)
-            nblock.append(nb[x])
-        if x < len(new) and x not in skip_n:
-            npos.append(x)
-            nblock.append(None)
-    ok = [("s", ob[x]) if x in ob else okeys[x] for x in opos]
-    nk = [("s", n) if n is not None else nkeys[x] for x, n in zip(npos, nblock)]
-    ops: list[tuple[int, int, int, str]] = []
-    kept: dict[int, tuple[int, int]] = {}
-
-    def change(i: int, line: str) -> None:
-        if old[i] != line:
-            ops.append((i, 0, len(ops), f"~ {line}" if okeys[i][0] == "b" else f"~ {refs[i]} {line}"))
-
-    def add(anchor: int, line: str) -> None:
-        ops.append((anchor, 1, len(ops), f"+ {'^' if anchor < 0 else refs[anchor]} {line}"))
-
-    anchor = -1  # the last old line that survives (kept or changed): inserts go after it
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ok, nk, autojunk=False).get_opcodes():
-        if tag != "equal" and any(k[0] == "s" for k in ok[i1:i2] + nk[j1:j2]):
-            return None
-        if tag == "equal":
-            for r, s in zip(range(i1, i2), range(j1, j2)):
-                i = opos[r]
-                if ok[r][0] == "s":
-                    _, _, j, k = blocks[ok[r][1]]
-                    lines = new[j:k]
-                    text = f"= {refs[i]}" + (f" {lines[0]}" if lines else "")
-                    ops.append((i, 0, len(ops), "\n".join([text] + [f"| {x}" for x in lines[1:]])))
-                    kept[i] = (j, k)
-                else:
-                    change(i, new[npos[s]])
-                    kept[i] = (npos[s], npos[s] + 1)
-                anchor = i
-        elif tag == "delete":
-            ops.extend((opos[r], 0, len(ops) + q, f"- {refs[opos[r]]}") for q, r in enumerate(range(i1, i2)))
-        elif tag == "insert":
-            for s in range(j1, j2):
-                add(anchor, new[npos[s]])
-        else:  # replace: pair lines without a bid in order (one `~` instead of `-` and `+`)
-            o_nb = [r for r in range(i1, i2) if _line_bid(old[opos[r]]) is None]
-            n_nb = [s for s in range(j1, j2) if _line_bid(new[npos[s]]) is None]
-            pair = dict(zip(n_nb, o_nb))
-            paired = set(pair.values())
-            ops.extend((opos[r], 0, len(ops) + q, f"- {refs[opos[r]]}")
-                       for q, r in enumerate(range(i1, i2)) if r not in paired)
-            for s in range(j1, j2):
-                if s in pair:
-                    i = opos[pair[s]]
-                    change(i, new[npos[s]])
-                    kept[i] = (npos[s], npos[s] + 1)
-                    anchor = i
-                else:
-                    add(anchor, new[npos[s]])
-    return ops, kept
 
 
 def parse_delta(delta: str) -> tuple[dict, list[tuple], int]:
@@ -588,23 +430,6 @@ def apply(o_t, delta: str, *, max_lines: int = MAX_LINES, action: str | None = N
             "error": header.get("error", ""), "hidden": drop_shown(s["hidden"], out)}, n_bad
 
 
-def drop_shown(hidden: str, tree: list[str]) -> str:
-    """`hidden` (axtree.format_hidden's lines) without each top-level block that holds a bid `tree`'s
-    lines show. Unchanged when no block does (also when the text is no such listing)."""
-    if not hidden or not isinstance(hidden, str):
-        return hidden
-    shown = {_line_bid(x) for x in tree} - {None}
-    lines = hidden.split("\n")
-    base = min(map(indent, lines))
-    blocks: list[list[str]] = []
-    for x in lines:
-        if not blocks or indent(x) <= base:
-            blocks.append([])
-        blocks[-1].append(x)
-    kept = [b for b in blocks if not any(_line_bid(x) in shown for x in b)]
-    return hidden if len(kept) == len(blocks) else "\n".join(x for b in kept for x in b)
-
-
 def _written_out(op: str, typed: str | None) -> str:
     """One Δ line with the placeholder of its LINE (if any) written out from `typed` (kept when None)."""
     for rx, g in ((_OP_BLOCK, 1), (_OP_HEADER, 0), (_OP_REMOVE, 0), (_OP_ADD, 2), (_OP_SUBTREE, 2),
@@ -623,11 +448,3 @@ def delta_lines(delta: str, action: str | None = None) -> list[str]:
     TYPED_VALUES compare alike."""
     typed = typed_text(action)
     return [_written_out(x, typed) for x in (delta or "").split("\n") if x.strip() and not _OP_DONE.match(x)]
-
-def tree_f1(a: str, b: str) -> float:
-    """F1 of the multisets of lines of two flattened trees (1.0 when both are empty)."""
-    p, q = Counter(tree_lines(a)), Counter(tree_lines(b))
-    tp = sum((p & q).values())
-    if not p and not q:
-        return 1.0
-    return 2 * tp / (sum(p.values()) + sum(q.values()))

@@ -19,8 +19,8 @@ when the episode ends: after send_msg_to_user (the answer) or report_infeasible,
 (WebArena's rule: the final page counts, with no answer). Its time bounds are WEB_*_TIMEOUT_S.
 
 This file is what a user imports: the task registry and seeds (TASKS, SUITE, train_seeds, eval_seeds,
-is_success), the observation (Obs) and the environment (WebEnv, make_env). Its parts live beside it:
-actions.py (the action grammar, parse_action), axtree.py (the tree text), browser.py (the Chromium
+is_success, from tasks.py), the observation (Obs) and the environment (WebEnv, make_env). Its parts
+live beside it: tasks.py (which tasks, which seeds, what counts as success), actions.py (the action grammar, parse_action), axtree.py (the tree text), browser.py (the Chromium
 session and its network sandbox), watchdog.py (time bounds, by killing processes).
 
 The environment's contract:
@@ -62,62 +62,11 @@ from axtree import flatten_axtree, format_hidden
 from browser import MINIWOB_HTML_DIR, PersistentBrowserEnv
 from page_actions import ACTION_TIMEOUT_MS
 from page_errors import short_error
-
-from browsergym.miniwob import ALL_MINIWOB_TASKS  # (after browser, which sets MINIWOB_URL for it)
+# the task registry and seeds, re-exported: env is what a user imports (tasks.py holds them)
+from tasks import (EVAL_SEEDS, SUITE, TASKS, TRAIN_SEEDS, benchmark_of, eval_seeds, is_success,  # noqa: F401
+                   task_name, train_seeds)
 
 logger = logging.getLogger(__name__)
-
-# ----------------------------------------------------------------------------------------------
-# Tasks and seeds
-
-TASKS = {cls.subdomain: cls for cls in ALL_MINIWOB_TASKS}  # every MiniWoB task BrowserGym knows
-
-# Default suite: 1-4 step tasks whose goal text fully determines the answer, of varied kinds.
-# Every one is solved 100% of the time by experts.py from the text observation.
-SUITE: list[str] = [
-    "click-button",          # buttons
-    "click-button-sequence", # two buttons in order
-    "click-link",            # links (<span>s: generic nodes must be kept)
-    "click-dialog",          # close a dialog
-    "click-dialog-2",        # pick a dialog button
-    "click-tab",             # tabs
-    "click-tab-2",           # tabs, then a link inside the tab
-    "enter-text",            # text entry
-    "enter-password",        # two password fields
-    "login-user",            # login form
-    "focus-text",            # focus a field
-    "click-checkboxes",      # checkboxes
-    "choose-list",           # <select> dropdown
-    "click-option",          # radio buttons
-    "click-collapsible",     # expand a section, then click
-]
-# Left out: use-autocomplete (its menu opens on key events after a delay: fill() does not show
-# it, so the answer is not in the text observation).
-
-# Disjoint seed ranges: training never sees an evaluation page.
-TRAIN_SEEDS = range(0, 10_000)
-EVAL_SEEDS = range(10_000, 11_000)
-
-
-def train_seeds(n: int, offset: int = 0) -> list[int]:
-    """The n training seeds starting at `offset` (wraps around the range). Errors: ValueError if n < 0."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    return [TRAIN_SEEDS[(offset + i) % len(TRAIN_SEEDS)] for i in range(n)]
-
-
-def eval_seeds(n: int) -> list[int]:
-    """The first n evaluation seeds (always the same ones). Errors: ValueError if n > 1000 or n < 0."""
-    if not 0 <= n <= len(EVAL_SEEDS):
-        raise ValueError(f"n must be in [0, {len(EVAL_SEEDS)}], got {n}")
-    return list(EVAL_SEEDS[:n])
-
-
-def is_success(raw_reward: float) -> bool:
-    """Full credit only. MiniWoB's WOB_RAW_REWARD_GLOBAL is 1 on success, -1 on failure, and some
-    tasks pay partial credit in between for wrong answers: that is not success."""
-    return raw_reward is not None and float(raw_reward) >= 1.0 - 1e-6
-
 
 # ----------------------------------------------------------------------------------------------
 # Observation
@@ -192,11 +141,6 @@ WEB_TIMEOUT_MS = 10_000     # Playwright's own waits (BrowserGym's WebArena task
 WEB_TREE_LINES = 500        # tree lines kept (a prompt budget cuts the rest; WebArena pages run to thousands)
 ENDING_ACTIONS = ("send_msg_to_user", "report_infeasible")  # on WebArena they end the episode: evaluate then
 
-
-def benchmark_of(task: str) -> str:
-    """The benchmark a task name belongs to: 'webarena-lite' for WebArena's names ('webarenalite.4',
-    'webarena.12', registered ones), else 'miniwob'."""
-    return "webarena-lite" if webarena_lite.is_task_name(task) else "miniwob"
 
 _ENV_COUNTER = iter(range(10**9))
 
@@ -477,21 +421,6 @@ class WebEnv:
             self.close()
         except Exception:
             pass
-
-
-def task_name(task: str) -> str:
-    """'click-button', 'miniwob.click-button' or 'browsergym/miniwob.click-button' -> 'click-button';
-    a WebArena name as is, less 'browsergym/'. Raises ValueError, listing the valid names, for an unknown task."""
-    if webarena_lite.is_task_name(task):
-        task = task.removeprefix("browsergym/")
-        webarena_lite.config(task)  # (raises for an unknown one)
-        return task
-    for prefix in ("browsergym/miniwob.", "miniwob."):
-        if task.startswith(prefix):
-            task = task[len(prefix):]
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
-    return task
 
 
 def _entrypoint(task: str):

@@ -31,20 +31,17 @@ Checkpoints are Hugging Face folders (safetensors) plus optimizer, step and RNG 
 atomically; --resume continues from the newest. Metrics go to TensorBoard (out/tb) and
 out/metrics.jsonl.
 
-A run's flags: out/args.json holds those of its first start, out/args-history.jsonl one line per start
-(time, command line, flags, overrides). --resume runs with the flags of args.json (its --init stays the
-KL reference and the start of the curves): a flag given again with the same value is fine; one of
-RESUMABLE (--iterations, --epochs, the checkpoint, report and eval cadence, the rollout machinery,
-memory knobs) may change and the change is printed and logged; any other change is an error.
+A run's flags (run_flags.py): out/args.json holds those of its first start, out/args-history.jsonl one
+line per start. --resume runs with the flags of args.json: one of run_flags.RESUMABLE (--iterations,
+--epochs, the checkpoint, report and eval cadence, the rollout machinery, memory knobs) may change and
+the change is printed and logged; any other change is an error.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
-import time
 
 import numpy as np
 import torch
@@ -58,60 +55,9 @@ import env as webenv
 import generators
 import policy
 import real
+import run_flags
 import update
 from runlog import Logger
-
-
-# Flags that a resumed run may change (how long, how often, on what machinery); the others define the run.
-# (--epochs: a BC or WM run continued for more passes; its linear decay is then over the new length.)
-RESUMABLE = ("iterations", "epochs", "save_every", "keep_ckpts", "report_every", "eval_every", "eval_seeds", "num_envs",
-             "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory", "log_kl",
-             "judge_url")
-
-
-def _given(p: argparse.ArgumentParser, argv) -> set[str]:
-    """The flags (dest names) written on the command line, whatever their value."""
-    saved = {a.dest: a.default for a in p._actions}
-    try:
-        for a in p._actions:
-            a.default = argparse.SUPPRESS
-        return set(vars(p.parse_args(argv)))
-    finally:
-        for a in p._actions:
-            a.default = saved[a.dest]
-
-
-def _resume_flags(p: argparse.ArgumentParser, args, argv) -> dict:
-    """--resume: args takes the flags of out/args.json (the run's first start) except those given on this
-    command line. A given flag that differs from the run's is an error unless it is in RESUMABLE (so is
-    one the run's args.json lacks, given at a value other than its default); returns those changes,
-    {flag: [run's value, new value]}."""
-    path = os.path.join(args.out, "args.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        stored = json.load(f)
-    given, changed = _given(p, argv), {}
-    for k, v in stored.items():
-        if k in ("resume", "out") or k not in vars(args):
-            continue
-        if k == "tasks" and isinstance(v, list):  # (args.json of older runs held the derived list)
-            v = ",".join(v)
-        if k not in given:
-            setattr(args, k, v)
-        elif getattr(args, k) != v:
-            if k not in RESUMABLE:
-                p.error(f"--resume: --{k.replace('_', '-')} is {v!r} in this run ({path}); a resumed run keeps it "
-                        f"(may change: {', '.join('--' + r.replace('_', '-') for r in RESUMABLE)})")
-            changed[k] = [v, getattr(args, k)]
-    # a flag newer than the run (absent from its args.json) ran at its default: giving another value changes the run
-    for k in sorted(given - set(stored) - {"resume", "out"} - set(RESUMABLE)):
-        if k in vars(args) and getattr(args, k) != p.get_default(k):
-            p.error(f"--resume: --{k.replace('_', '-')} did not exist when this run started ({path}), so it ran at "
-                    f"its default {p.get_default(k)!r}; a resumed run keeps it")
-    for k, (old, new) in changed.items():
-        print(f"resume: --{k.replace('_', '-')} {old!r} -> {new!r}", file=sys.stderr)
-    return changed
 
 
 def parse_args(argv=None):
@@ -280,7 +226,7 @@ def parse_args(argv=None):
     g.add_argument("--judge-threshold", type=float, default=0.5, help="the judge says yes when P(yes) is above this")
     args = p.parse_args(argv)
     args.out = args.out or os.path.join("runs", args.mode)
-    args.overrides = _resume_flags(p, args, argv) if args.resume else {}
+    args.overrides = run_flags.resume_flags(p, args, argv) if args.resume else {}
     args.flags = {k: v for k, v in vars(args).items() if k != "overrides"}  # as given: args.json's record
     # derived values and checks; the prompt format: a run's own checkpoint when resumed, else the one it starts from
     checkpoint.resolve_prompt_settings(args, (checkpoint.latest_checkpoint(args.out) if args.resume else None) or args.init,
@@ -461,13 +407,7 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         if not args.resume and checkpoint.latest_checkpoint(args.out):
             print(f"note: {args.out} already holds checkpoints; pass --resume to continue from them", file=sys.stderr)
-        first = os.path.join(args.out, "args.json")
-        if not (args.resume and os.path.exists(first)):  # a resumed run keeps its first start's flags
-            with open(first, "w") as f:
-                json.dump(args.flags, f, indent=1)
-        with open(os.path.join(args.out, "args-history.jsonl"), "a") as f:
-            f.write(json.dumps({"time": time.time(), "argv": list(sys.argv[1:] if argv is None else argv),
-                                "resume": args.resume, "overrides": args.overrides, "flags": args.flags}) + "\n")
+        run_flags.record_start(args, sys.argv[1:] if argv is None else argv)
     distributed.barrier(world)
     resume = checkpoint.latest_checkpoint(args.out) if args.resume else None
     model, tok = build_model(args, device, path=resume)

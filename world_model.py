@@ -8,14 +8,12 @@
 
 A language model is fine-tuned (train.py --mode wm, supervised.py) on -log p(Δ | goal, o_t, a_t)
 over real transitions (transitions.py), Δ in the exact format of delta.py. Here: its prompts, its
-greedy predictions, their accuracy against real next pages (one step and k steps), and DreamEnv,
-an environment with WebEnv's interface whose pages the model imagines.
+greedy predictions and DreamEnv, an environment with WebEnv's interface whose pages the model
+imagines. Its accuracy against real next pages, one step and k steps, is wm_eval.py's.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -27,10 +25,9 @@ import compress
 import delta
 import policy
 from actions import ActionParseError, parse_action
-from delta import apply, as_state, delta_lines, predicted_done, predicted_status, tree_f1, tree_lines
+from delta import apply, as_state, predicted_status, tree_lines
 from env import Obs
-from transitions import (checkpoint_policy, collect_transitions, delta_label, episodes_of, history, load_transitions,
-                         pick_start_state, transition_key)
+from transitions import checkpoint_policy, collect_transitions, delta_label, history, pick_start_state
 
 logger = logging.getLogger(__name__)
 
@@ -142,99 +139,6 @@ def predict_delta(model, tokenizer, states: list, actions: list[str], max_new_to
             bar.update(len(chunk))
     return [s.text.rsplit("\n", 1)[0] if s.truncated and "\n" in s.text else ("" if s.truncated else s.text)
             for s in samples]
-
-
-def evaluate_world_model(model, tokenizer, transitions: list[dict], *, max_new_tokens: int = 256,
-                         batch_size: int = 8, max_prompt_tokens: int = 1024, by_task: bool = False,
-                         progress: bool = False, predictions: list | None = None) -> dict:
-    """Score greedy Δ predictions against real transitions.
-
-    Returns {wm/exact_match: share whose apply(o_t, Δ̂) equals o_{t+1} (url and tree),
-    wm/line_precision, wm/line_recall, wm/line_f1: over Δ lines other than `done:`, pooled over all
-    transitions (multiset match), wm/done_accuracy: predicted_done == success,
-    wm/done_false_positive_rate: predicted done among transitions that did not succeed,
-    wm/bad_lines: mean skipped lines per Δ̂, wm/n}; with by_task, also {"by_task": {task: the same}}
-    from the same predictions. `predictions`, a list, receives the predicted Δ of each transition, in order.
-    """
-    if not transitions:
-        return {"wm/n": 0}
-    preds = predict_delta(model, tokenizer, [dict(t["obs"], goal=t["goal"]) for t in transitions],
-                          [t["action"] for t in transitions], max_new_tokens, batch_size=batch_size,
-                          max_prompt_tokens=max_prompt_tokens, progress=progress)
-    if predictions is not None:
-        predictions.extend(preds)
-    res = score_predictions(transitions, preds)
-    if by_task:
-        res["by_task"] = {task: score_predictions([t for t in transitions if t["task"] == task],
-                                                  [d for t, d in zip(transitions, preds) if t["task"] == task])
-                          for task in dict.fromkeys(t["task"] for t in transitions)}
-    return res
-
-
-def next_page_match(t: dict, delta: str) -> tuple[bool, int]:
-    """(whether apply(o_t, Δ) is the recorded next page, URL and tree; the number of Δ lines skipped)."""
-    o, bad = apply(t["obs"], delta, action=t["action"])
-    return o["axtree"] == t["next_obs"]["axtree"] and o["url"] == t["next_obs"]["url"], bad
-
-
-def score_predictions(transitions: list[dict], preds: list[str]) -> dict:
-    """evaluate_world_model's figures for given Δ predictions (one per transition)."""
-    n = len(transitions)
-    exact = tp = n_pred = n_true = bad = done_ok = fp = negatives = 0
-    for t, d in zip(transitions, preds):
-        same, nb = next_page_match(t, d)
-        exact += int(same)
-        bad += nb
-        p, q = Counter(delta_lines(d, t["action"])), Counter(delta_lines(delta_label(t), t["action"]))
-        tp += sum((p & q).values())
-        n_pred += sum(p.values())
-        n_true += sum(q.values())
-        pd = predicted_done(d)
-        done_ok += int(pd == bool(t["success"]))
-        if not t["success"]:
-            negatives += 1
-            fp += int(pd)
-    # an empty prediction of an empty change is perfect, hence the 1.0 for empty denominators
-    prec = tp / n_pred if n_pred else 1.0
-    rec = tp / n_true if n_true else 1.0
-    return {"wm/exact_match": exact / n if n else 0.0, "wm/line_precision": prec, "wm/line_recall": rec,
-            "wm/line_f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0,
-            "wm/done_accuracy": done_ok / n if n else 0.0,
-            "wm/done_false_positive_rate": fp / negatives if negatives else 0.0,
-            "wm/bad_lines": bad / n if n else 0.0, "wm/n": n}
-
-
-
-
-def drift(model, tokenizer, transitions: list[dict], k_max: int = 5, *, max_new_tokens: int = 256,
-          batch_size: int = 8, progress: bool = False) -> dict:
-    """How far k imagined steps drift from the real pages, k = 1..k_max (DynaWeb's compounding error).
-
-    For every recorded real episode with at least k steps, start from its first page, apply the
-    world model's Δ for the episode's own actions k times (each prediction reads the previous
-    imagined page), and compare the k-th imagined page with the real page after the same k actions
-    (recorded when the episode ran on real pages). Returns {k: {exact_match, tree_f1, n}}: the share
-    of identical pages (URL and tree) and the mean line F1 of the trees, over the n episodes.
-    """
-    eps = [e for e in episodes_of(transitions) if e]
-    states = [dict(e[0]["obs"], goal=e[0]["goal"]) for e in eps]
-    out = {}
-    for k in range(1, k_max + 1):
-        live = [i for i, e in enumerate(eps) if len(e) >= k]
-        if not live:
-            break
-        preds = predict_delta(model, tokenizer, [states[i] for i in live], [eps[i][k - 1]["action"] for i in live],
-                              max_new_tokens, goals=[eps[i][0]["goal"] for i in live], batch_size=batch_size,
-                              progress=progress)
-        exact, f1 = 0, 0.0
-        for i, d in zip(live, preds):
-            o, _ = apply(states[i], d, action=eps[i][k - 1]["action"])
-            states[i] = dict(o, goal=eps[i][0]["goal"])
-            real = eps[i][k - 1]["next_obs"]
-            exact += int(o["axtree"] == real["axtree"] and o["url"] == real["url"])
-            f1 += tree_f1(o["axtree"], real["axtree"])
-        out[k] = {"exact_match": exact / len(live), "tree_f1": f1 / len(live), "n": len(live)}
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,23 +345,6 @@ class DreamEnv:
         self.done = True
 
 
-def compare_predictions(a_path: str, b_path: str) -> dict:
-    """Two world models' exact next pages on the transitions both predicted (their `--eval`
-    <out>_predictions.jsonl files, paired by task, seed, step and action): {"all": stats.paired(...),
-    task: stats.paired(...)}: B's gain over A with its 95% interval and the exact McNemar p.
-    Raises ValueError when the files share no transition."""
-    import stats
-    from runlog import read_jsonl
-
-    def exact(path):
-        return {transition_key(r): bool(r["exact"]) for r in read_jsonl(path)}
-    a, b = exact(a_path), exact(b_path)
-    out = {"all": stats.paired(a, b)}
-    for task in sorted({k[0] for k in set(a) & set(b)}):
-        out[task] = stats.paired({k: v for k, v in a.items() if k[0] == task}, {k: v for k, v in b.items() if k[0] == task})
-    return out
-
-
 if __name__ == "__main__":
     import argparse
 
@@ -495,7 +382,9 @@ if __name__ == "__main__":
     if a.policy and not a.collect:
         ap.error("--policy chooses the actions of --collect; give --collect FILE too")
     if a.compare:
-        for name, r in compare_predictions(*a.compare).items():
+        import wm_eval
+
+        for name, r in wm_eval.compare_predictions(*a.compare).items():
             print(f"{name:24s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
                   f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
     if a.collect:
@@ -504,22 +393,6 @@ if __name__ == "__main__":
         print(collect_transitions(tasks, seeds, a.collect, policy_fn=policy_fn, random_frac=a.random_frac,
                                   near_miss_frac=a.near_miss_frac, max_steps=a.max_steps, progress=True))
     if a.eval:
-        check_delta_format(a.eval)
-        m, tok = policy.load_model(a.eval)
-        data = [t for t in load_transitions(a.data) if t["task"] in tasks]
-        t0 = time.time()
-        preds: list[str] = []
-        one = evaluate_world_model(m, tok, data, by_task=True, progress=True, predictions=preds)
-        print(json.dumps(one, indent=1), flush=True)
-        out = a.out or os.path.join(a.eval, "wm_eval.json")
-        with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:  # one line per transition, for reading errors
-            for t, d in zip(data, preds):
-                same, bad = next_page_match(t, d)
-                f.write(json.dumps({"task": t["task"], "seed": t["seed"], "step": t["step"], "action": t["action"],
-                                    "label": delta_label(t), "predicted": d, "bad_lines": bad, "exact": same}) + "\n")
-        res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, data, a.drift, progress=True),
-               "data": a.data, "checkpoint": a.eval, "seconds": time.time() - t0}
-        with open(out, "w") as f:
-            json.dump(res, f, indent=1)
-        print(json.dumps({"one_step": res["one_step"], "drift": res["drift"]}, indent=1))
-        print(f"wrote {out}")
+        import wm_eval
+
+        wm_eval.evaluate_checkpoint(a.eval, a.data, tasks, a.drift, a.out)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actions
+import keys
 from actions import ACTIONS, MAX_REPLY_CHARS, WEB_ACTIONS, ActionParseError, canonical, parse_action, split_action
 
 
@@ -355,8 +356,8 @@ for (const code in USKeyboardLayout) {{ const d = USKeyboardLayout[code]; names.
 console.log(JSON.stringify([...names]));"""
     names = json.loads(subprocess.run([os.path.join(driver, "node"), "-e", script], capture_output=True, text=True,
                                       check=True).stdout)
-    assert {n for n in names if len(n) > 1} == actions._NAMED_KEYS
-    assert {n for n in names if len(n) == 1} == actions._KEY_CHARS
+    assert {n for n in names if len(n) > 1} == keys.NAMED_KEYS
+    assert {n for n in names if len(n) == 1} == keys.KEY_CHARS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +367,7 @@ SPECIAL = "'\"\\#\n\r\t ()[]{},=<>/`xX9éの🚀\u2028\x00"
 TEXT = st.text(max_size=30) | st.text(alphabet=SPECIAL, max_size=30)
 BID = st.from_regex(r"[a-zA-Z]{0,2}[0-9]{1,4}", fullmatch=True)
 # a key combination in canonical form (' ' and line breaks are written 'Space' and 'Enter')
-KEYS = st.lists(st.sampled_from(sorted(actions._NAMED_KEYS) + [chr(c) for c in range(0x21, 0x7F)]),
+KEYS = st.lists(st.sampled_from(sorted(keys.NAMED_KEYS) + [chr(c) for c in range(0x21, 0x7F)]),
                 min_size=1, max_size=3).map("+".join)
 PIXELS = st.integers(-10**9, 10**9) | st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False)
 

@@ -23,6 +23,7 @@ import update  # noqa: E402
 import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
+import wm_eval  # noqa: E402
 from runlog import read_jsonl  # noqa: E402
 
 DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
@@ -137,12 +138,12 @@ def test_drift_with_a_perfect_and_with_a_lazy_world_model(monkeypatch, tok):
     def perfect(model, tokenizer, states, actions, *a, **k):
         return [by_obs[(s["axtree"], act)] for s, act in zip(states, actions)]
 
-    monkeypatch.setattr(wm, "predict_delta", perfect)
-    d = wm.drift(None, tok, trs, k_max=5)
+    monkeypatch.setattr(wm_eval, "predict_delta", perfect)
+    d = wm_eval.drift(None, tok, trs, k_max=5)
     assert {k: v["n"] for k, v in d.items()} == {1: 8, 2: 6, 3: 5, 4: 1}  # episodes at least k steps long
     assert all(v["exact_match"] == 1.0 and v["tree_f1"] == 1.0 for v in d.values())
-    monkeypatch.setattr(wm, "predict_delta", lambda m, t, states, actions, *a, **k: ["done: no"] * len(states))
-    lazy = wm.drift(None, tok, trs, k_max=1)  # "nothing changes": right exactly where the page did not change
+    monkeypatch.setattr(wm_eval, "predict_delta", lambda m, t, states, actions, *a, **k: ["done: no"] * len(states))
+    lazy = wm_eval.drift(None, tok, trs, k_max=1)  # "nothing changes": right exactly where the page did not change
     unchanged = sum(e[0]["next_obs"]["axtree"] == e[0]["obs"]["axtree"] and e[0]["next_obs"]["url"] == e[0]["obs"]["url"]
                     for e in eps)
     assert lazy[1]["exact_match"] == unchanged / 8
@@ -150,8 +151,8 @@ def test_drift_with_a_perfect_and_with_a_lazy_world_model(monkeypatch, tok):
 
 
 def test_tree_f1_by_hand():
-    assert dfmt.tree_f1("a\nb\nc", "a\nb\nd") == pytest.approx(2 * 2 / 6)
-    assert dfmt.tree_f1("", "") == 1.0 and dfmt.tree_f1("a", "") == 0.0
+    assert wm_eval.tree_f1("a\nb\nc", "a\nb\nd") == pytest.approx(2 * 2 / 6)
+    assert wm_eval.tree_f1("", "") == 1.0 and wm_eval.tree_f1("a", "") == 0.0
 
 
 def expert_turn(tok, action):

@@ -20,6 +20,7 @@ import policy  # noqa: E402
 import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
+import wm_eval  # noqa: E402
 from actions import WEB_ACTIONS, parse_action, split_action  # noqa: E402
 from axtree import line_bid, quote  # noqa: E402
 from env import Obs  # noqa: E402
@@ -499,13 +500,33 @@ def test_predict_and_evaluate_with_a_forced_model(tok):
     m = forced_model(tok, "done: no")
     assert wm.predict_delta(m, tok, [dict(t["obs"], goal=t["goal"]) for t in ts], [t["action"] for t in ts],
                             max_new_tokens=8) == ["done: no"] * len(ts)
-    r = wm.evaluate_world_model(m, tok, ts, max_new_tokens=8)
+    r = wm_eval.evaluate_world_model(m, tok, ts, max_new_tokens=8)
     same = sum(t["next_obs"]["axtree"] == t["obs"]["axtree"] and t["next_obs"]["url"] == t["obs"]["url"] for t in ts)
     assert r["wm/exact_match"] == same / len(ts)
     assert r["wm/line_precision"] == 1.0 and r["wm/line_recall"] == (1.0 if all(
         not dfmt.delta_lines(t["delta"]) for t in ts) else 0.0)
     assert r["wm/done_accuracy"] == sum(not t["success"] for t in ts) / len(ts)
     assert r["wm/done_false_positive_rate"] == 0.0 and r["wm/n"] == len(ts) and r["wm/bad_lines"] == 0
+
+
+def test_evaluate_checkpoint_writes_the_predictions_that_compare_reads(tok, tmp_path, monkeypatch):
+    """`python world_model.py --eval CKPT --data F`: the scores, and one predictions line per transition
+    with its recorded label and whether the predicted page is the real one (what --compare and
+    done_calibration.py read)."""
+    ts = [t for t in fixture_transitions() if t["task"] != "click-tab-2"]
+    monkeypatch.setattr(policy, "load_model", lambda path, **k: (forced_model(tok, "done: no"), tok))
+    out = tmp_path / "e.json"
+    res = wm_eval.evaluate_checkpoint(str(tmp_path), DATA, sorted({t["task"] for t in ts}), drift_k=1, out=str(out))
+    rows = [json.loads(x) for x in open(tmp_path / "e_predictions.jsonl")]
+    assert [(r["task"], r["seed"], r["step"], r["action"]) for r in rows] == [(t["task"], t["seed"], t["step"], t["action"])
+                                                                             for t in ts]
+    assert all(r["predicted"] == "done: no" and r["label"] == trans.delta_label(t) for r, t in zip(rows, ts))
+    same = [t["next_obs"]["axtree"] == t["obs"]["axtree"] and t["next_obs"]["url"] == t["obs"]["url"] for t in ts]
+    assert [r["exact"] for r in rows] == same and 0 < sum(same) < len(ts)
+    assert res["one_step"]["wm/exact_match"] == sum(same) / len(ts) and json.loads(out.read_text())["drift"]["1"]["n"] > 0
+    assert set(res["by_task"]) == {t["task"] for t in ts}
+    r = wm_eval.compare_predictions(tmp_path / "e_predictions.jsonl", tmp_path / "e_predictions.jsonl")["all"]
+    assert r["n"] == len(ts) and r["diff"] == 0 and r["gained"] == r["lost"] == 0
 
 
 def test_a_reply_cut_by_the_length_limit_loses_its_unfinished_line(tok):
@@ -839,11 +860,11 @@ def test_compare_predictions_pairs_by_transition(tmp_path):
         return str(p)
     a = write("a.jsonl", [("x", 1, False), ("x", 2, True), ("y", 1, False), ("y", 9, True)])
     b = write("b.jsonl", [("x", 1, True), ("x", 2, True), ("y", 1, True), ("z", 1, True)])
-    r = wm.compare_predictions(a, b)
+    r = wm_eval.compare_predictions(a, b)
     assert (r["all"]["n"], r["all"]["gained"], r["all"]["lost"]) == (3, 2, 0)
     assert set(r) == {"all", "x", "y"} and r["y"]["diff"] == 1.0
     with pytest.raises(ValueError):
-        wm.compare_predictions(a, write("c.jsonl", [("q", 1, True)]))
+        wm_eval.compare_predictions(a, write("c.jsonl", [("q", 1, True)]))
 
 
 def test_a_world_model_checkpoint_records_its_delta_format_and_a_mismatch_is_refused(tmp_path, monkeypatch, capsys):
