@@ -44,10 +44,10 @@ def set_rng_state(state: dict) -> None:
 
 def checkpoint_bytes(model, optimizer) -> int:
     """Bytes a checkpoint of `model` and `optimizer` takes on disk, about: every parameter at its dtype's
-    size plus every tensor of the optimizer's state (Adam: two fp32 moments a parameter). Global sizes
+    size plus every tensor of the optimizer's state (Adam: two fp32 moments a parameter; None: none). Global sizes
     under --fsdp (a DTensor's numel is the full tensor's)."""
     n = sum(p.numel() * p.element_size() for p in model.parameters())
-    for state in optimizer.state.values():
+    for state in (optimizer.state.values() if optimizer is not None else ()):
         n += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
     return n
 
@@ -65,9 +65,15 @@ def check_disk(out: str, need: int, name: str, free: int) -> None:
 
 
 def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int, extra: dict, keep: int,
-                    rank: int = 0, world: int = 1, settings: dict | None = None) -> None:
+                    rank: int = 0, world: int = 1, settings: dict | None = None,
+                    companions: dict | None = None, companion_bytes: int = 0) -> None:
     """Write out/name atomically (a temp folder, then rename) and point out/latest at it; keep only
     the newest `keep` step-* folders.
+
+    companions: {subfolder: write(path)}, what belongs with these weights (dream mode's refit world
+    model): rank 0 calls each write with out/name/subfolder's path inside the temp folder, so it lands
+    in the same rename as the weights and a resumed run finds the pair as it was saved. Its size,
+    companion_bytes, counts in the disk check.
 
     Collective: every rank calls it (each rank's RNG state is gathered so that a resumed run
     draws what an uninterrupted one would); rank 0 writes. `settings` (the prompt format the
@@ -80,7 +86,7 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
     free = [shutil.disk_usage(out).free]
     if world > 1:
         dist.broadcast_object_list(free, src=0)
-    check_disk(out, checkpoint_bytes(model, optimizer), name, free[0])
+    check_disk(out, checkpoint_bytes(model, optimizer) + companion_bytes, name, free[0])
     rngs = [None] * world
     if world > 1:
         dist.all_gather_object(rngs, rng_state())
@@ -103,6 +109,8 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
                     "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
         with open(os.path.join(tmp, "webdream.json"), "w") as f:
             json.dump({"step": step, **(settings or {})}, f, indent=1)
+        for sub, write in (companions or {}).items():
+            write(os.path.join(tmp, sub))
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(final):
             os.replace(final, old)  # never a moment with neither the old nor the new folder

@@ -300,14 +300,12 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             raise ValueError(f"{args.transitions} has no start state of task(s) {missing}")
         world_model.check_delta_format(args.world_model)
         wm_path = args.world_model
-        refit_at = wm_refit.refit_iteration(args.out) if args.wm_refit_steps and it else None
-        if refit_at is not None:  # resumed: dream in the refit world model, not the one the run began with
-            wm_path = os.path.join(args.out, wm_refit.REFIT_DIR)
-            if refit_at != it:
-                distributed.print0(rank, f"warning: {wm_path} was saved at iteration {refit_at}, the run resumes at {it}")
-        elif args.wm_refit_steps and it:
-            raise FileNotFoundError(f"{os.path.join(args.out, wm_refit.REFIT_DIR)}: no refit world model to resume "
-                                    f"in (--wm-refit-steps saves one beside every checkpoint)")
+        if args.wm_refit_steps and it:  # resumed: dream in the refit world model saved with this checkpoint
+            wm_path = os.path.join(checkpoint.latest_checkpoint(args.out) or args.out, wm_refit.REFIT_DIR)
+            if wm_refit.refit_iteration(wm_path) is None:
+                raise FileNotFoundError(f"{wm_path}: no refit world model to resume in (--wm-refit-steps saves one "
+                                        f"inside every checkpoint; runs before 2026-12-06 kept it at "
+                                        f"{os.path.join(args.out, wm_refit.REFIT_DIR)}: move it there)")
         wm, wm_tok = policy.load_model(wm_path, device=device)
         if args.wm_refit_steps:  # before freezing: it trains what load_model left trainable (a PEFT adapter)
             refit = wm_refit.WorldModelRefit(
@@ -338,6 +336,17 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             truncate_jsonl(replays_path, "iteration", it)
         truncate_jsonl(dreams_path, "iteration", it)
     settings = args.prompt_settings
+
+    def refit_companion(iteration: int) -> dict:
+        """save_checkpoint's arguments that put the refit world model inside the checkpoint (wm_refit.py)."""
+        if refit is None:
+            return {}
+
+        def write(path):
+            with world_model._PREDICT_LOCK:  # the tokenizer's state is shared with the Δ server's thread
+                wm_refit.save_refit(path, wm, wm_tok, args.world_model, iteration)
+        return {"companions": {wm_refit.REFIT_DIR: write}, "companion_bytes": checkpoint.checkpoint_bytes(wm, None)}
+
     dream_tasks = extra.get("dream_tasks") or list(args.tasks)  # resumed: the probe's choice, not re-run
     try:
         if it == 0 and args.probe_seeds and args.real_ratio < 1:
@@ -407,15 +416,12 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                 report.write_run_report(args.out, replays + [t for t in trajs if not t.get("replayed")], it, args.mode)
             counters = {"env_steps": real_steps, "dream_steps": dream_steps, "dream_tasks": dream_tasks}
             if it % args.save_every == 0 or it == args.iterations:
-                if refit is not None and rank == 0:  # first, so that a checkpoint never runs ahead of its world model
-                    with world_model._PREDICT_LOCK:  # the tokenizer's state is shared with the Δ server's thread
-                        wm_refit.save_refit(args.out, wm, wm_tok, args.world_model, it)
                 checkpoint.save_checkpoint(args.out, f"step-{it:06d}", model, tok, opt, it, counters, args.keep_ckpts,
-                                           rank, world, settings)
+                                           rank, world, settings, **refit_companion(it))
         bar.close()
         checkpoint.save_checkpoint(args.out, "final", model, tok, opt, it, {"env_steps": real_steps,
                                    "dream_steps": dream_steps, "dream_tasks": dream_tasks}, args.keep_ckpts, rank,
-                                   world, settings)
+                                   world, settings, **refit_companion(it))
     finally:
         if pool is not None:
             pool.close()

@@ -11,8 +11,9 @@ before each step, the dream's action, the real page after, the real outcome), an
 K optimizer steps on them (`WorldModelRefit`): Dyna's model learning from real experience, on exactly the
 states the current policy reaches. Each step's batch is up to half that check's transitions, half drawn
 from the world model's own training transitions (--transitions), so it does not forget the rest of
-the suite. The refit transitions go to out/wm_refit-rank{R}.jsonl (a log) and the refit model to
-out/world_model/ at each checkpoint, which a resumed run dreams in (the optimizer's moments start afresh).
+the suite. The refit transitions go to out/wm_refit-rank{R}.jsonl (a log) and the refit model into every
+checkpoint of the policy (CKPT/world_model/, in the same atomic save), which a run resumed from that
+checkpoint dreams in: the pair is always the one saved together (the optimizer's moments start afresh).
 The replays wait COLLECT_ACTION_TIMEOUT_MS for an action's element, as the training transitions did, so
 that a timeout reads the same in both.
 
@@ -137,34 +138,23 @@ class WorldModelRefit:
         return {"wm_refit/loss": sum(losses) / len(losses), "wm_refit/new": total, "wm_refit/steps": steps}
 
 
-def save_refit(out: str, model, tokenizer, source: str, iteration: int) -> None:
-    """Write the refit world model to out/world_model (atomically: a temp folder, then rename), with the
-    source checkpoint's webdream.json (its prompt and Δ format) and refit.json {iteration}. Rank 0 only."""
-    final = os.path.join(out, REFIT_DIR)
-    tmp, old = final + ".tmp", final + ".old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+def save_refit(path: str, model, tokenizer, source: str, iteration: int) -> None:
+    """Write the refit world model to folder `path` (checkpoint.save_checkpoint's companion: CKPT/world_model,
+    inside the checkpoint's temp folder, so it is as atomic as the policy's weights), with the source
+    checkpoint's webdream.json (its prompt and Δ format) and refit.json {iteration, source}. Rank 0 only."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     if os.path.exists(os.path.join(source, "webdream.json")):
-        shutil.copy(os.path.join(source, "webdream.json"), tmp)
-    with open(os.path.join(tmp, "refit.json"), "w") as f:
+        shutil.copy(os.path.join(source, "webdream.json"), path)
+    with open(os.path.join(path, "refit.json"), "w") as f:
         json.dump({"iteration": iteration, "source": source}, f)
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):  # never a moment without a refit model on disk (refit_iteration reads .old too)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
-def refit_iteration(out: str) -> int | None:
-    """The iteration out/world_model was saved at, or None when there is none. A save cut between its two
-    renames left the previous model in out/world_model.old: it is moved back first."""
-    final = os.path.join(out, REFIT_DIR)
-    if not os.path.exists(final) and os.path.exists(final + ".old"):
-        os.replace(final + ".old", final)
+def refit_iteration(path: str) -> int | None:
+    """The iteration the refit world model in folder `path` (CKPT/world_model) was saved at, or None when
+    there is none."""
     try:
-        with open(os.path.join(final, "refit.json")) as f:
+        with open(os.path.join(path, "refit.json")) as f:
             return int(json.load(f)["iteration"])
     except (OSError, ValueError, KeyError):
         return None
-

@@ -276,7 +276,10 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
 
         # (the tiny policy's replies rarely parse, so a check may bring no transition, and then no step)
         assert "wm_refit/new" not in ms[0] and ms[1].get("wm_refit/steps", 0) == (1 if ms[1]["wm_refit/new"] else 0)
-        assert wm_refit.refit_iteration(out) == 2
+        import checkpoint
+
+        for ck in ("final", "step-000002"):  # each checkpoint holds the world model it dreamt in
+            assert wm_refit.refit_iteration(os.path.join(out, ck, wm_refit.REFIT_DIR)) == 2
         assert len(read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))) == ms[1]["wm_refit/new"]
     else:
         assert "wm_refit/new" not in ms[1] and not os.path.exists(os.path.join(out, "world_model"))

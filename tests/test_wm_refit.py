@@ -102,29 +102,49 @@ def test_the_refit_trains_only_a_peft_world_models_adapter(tok):
     assert moved and all("lora_" in n for n in moved)  # save_pretrained writes the adapter: nothing trained is lost
 
 
-def test_the_refit_world_model_is_saved_with_its_format_and_iteration(tmp_path, tok):
+def test_the_refit_world_model_is_saved_inside_its_checkpoint(tmp_path, tok):
+    """The refit world model is a companion of the policy's checkpoint: written in the same atomic save,
+    pruned with it, and a save whose world model fails leaves the previous checkpoint as the latest."""
+    import checkpoint
+
     src = str(tmp_path / "wm")
     model = policy.tiny_model(tok, seed=4)
     model.save_pretrained(src)
     tok.save_pretrained(src)
     (tmp_path / "wm" / "webdream.json").write_text('{"delta_focus_header": false}')
     out = str(tmp_path / "run")
-    os.makedirs(out)
-    assert wm_refit.refit_iteration(out) is None
-    wm_refit.save_refit(out, model, tok, src, 4)
-    wm_refit.save_refit(out, model, tok, src, 6)  # replaces the older one
-    assert wm_refit.refit_iteration(out) == 6
-    saved = os.path.join(out, wm_refit.REFIT_DIR)
+    policy_model = policy.tiny_model(tok, seed=2)
+    opt = torch.optim.AdamW(policy_model.parameters(), lr=1e-3)
+
+    def save(step, write):
+        checkpoint.save_checkpoint(out, f"step-{step:06d}", policy_model, tok, opt, step, {}, keep=1,
+                                   companions={wm_refit.REFIT_DIR: write}, companion_bytes=1)
+
+    assert wm_refit.refit_iteration(os.path.join(out, "step-000004", wm_refit.REFIT_DIR)) is None
+    save(4, lambda p: wm_refit.save_refit(p, model, tok, src, 4))
+    save(6, lambda p: wm_refit.save_refit(p, model, tok, src, 6))
+    saved = os.path.join(checkpoint.latest_checkpoint(out), wm_refit.REFIT_DIR)
+    assert saved == os.path.join(out, "step-000006", wm_refit.REFIT_DIR) and wm_refit.refit_iteration(saved) == 6
+    assert not os.path.exists(os.path.join(out, "step-000004"))  # pruned with its world model (keep=1)
     assert open(os.path.join(saved, "webdream.json")).read() == '{"delta_focus_header": false}'
     again, _ = policy.load_model(saved)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
 
+    def fail(path):
+        raise OSError("disk gone")
+    with pytest.raises(OSError, match="disk gone"):
+        save(8, fail)
+    assert checkpoint.latest_checkpoint(out) == os.path.join(out, "step-000006")  # the pair saved together, intact
+    assert not os.path.exists(os.path.join(out, "step-000008")) and wm_refit.refit_iteration(saved) == 6
+
 
 def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demos, monkeypatch):
-    """train_dream resumed at iteration 2 (of 2: nothing left to run) loads out/world_model, not
-    --world-model, and keeps only the refit transitions up to its iteration."""
+    """train_dream resumed at iteration 2 (of 2: nothing left to run) loads the world model saved inside
+    that checkpoint, not --world-model, and keeps only the refit transitions up to its iteration."""
     import json
+    import shutil
 
+    import checkpoint
     import dream
     import train
     from runlog import Logger, read_jsonl
@@ -135,7 +155,10 @@ def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demo
     out = str(tmp_path / "dream")
     os.makedirs(out)
     refit_model = policy.tiny_model(tok, seed=5)
-    wm_refit.save_refit(out, refit_model, tok, src, 2)
+    checkpoint.save_checkpoint(out, "step-000002", policy.tiny_model(tok), tok, torch.optim.AdamW(
+        refit_model.parameters()), 2, {}, keep=3, companions={wm_refit.REFIT_DIR: lambda p: wm_refit.save_refit(
+            p, refit_model, tok, src, 2)})
+    saved = os.path.join(out, "step-000002", wm_refit.REFIT_DIR)
     rows = [dict(t, iteration=i) for i, t in zip((2, 4), trans.load_transitions(DATA))]
     with open(os.path.join(out, "wm_refit-rank0.jsonl"), "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
@@ -148,15 +171,12 @@ def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demo
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {}, 0, 1,
                       torch.device("cpu"))
-    assert loaded == [os.path.join(out, wm_refit.REFIT_DIR)]
+    assert loaded == [saved]
     assert [r["iteration"] for r in read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))] == [2]
-    # a save cut between its renames left only world_model.old: it is the one resumed in
-    os.replace(os.path.join(out, wm_refit.REFIT_DIR), os.path.join(out, wm_refit.REFIT_DIR + ".old"))
-    assert wm_refit.refit_iteration(out) == 2 and os.path.isdir(os.path.join(out, wm_refit.REFIT_DIR))
-    # no refit model at all: a clear error, not dreams in the world model the run began with
-    import shutil
-
-    shutil.rmtree(os.path.join(out, wm_refit.REFIT_DIR))
+    final = os.path.join(out, "final", wm_refit.REFIT_DIR)  # the final checkpoint carries the world model too
+    assert checkpoint.latest_checkpoint(out) == os.path.join(out, "final") and wm_refit.refit_iteration(final) == 2
+    # no refit model in the checkpoint resumed from: a clear error, not dreams in the world model the run began with
+    shutil.rmtree(final)
     with pytest.raises(FileNotFoundError, match="no refit world model to resume in"):
         dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {},
                           0, 1, torch.device("cpu"))
