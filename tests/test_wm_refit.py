@@ -180,3 +180,43 @@ def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demo
     with pytest.raises(FileNotFoundError, match="no refit world model to resume in"):
         dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {},
                           0, 1, torch.device("cpu"))
+
+
+def test_a_dream_run_refits_its_world_model_on_the_real_replays_of_its_dreams(tmp_path, tok, monkeypatch):
+    """train.main --mode dream --wm-refit-steps 1, in process, with the expert's replies (tests/scripted_train.py,
+    so every dream's actions parse): the replay check's dreams are replayed on real pages, their real
+    transitions (Δ labels by delta.diff of the real pages) train the world model one step, and the
+    refit world model, not the one the run began with, is saved inside the final checkpoint."""
+    import json
+
+    import checkpoint
+    import generators
+    import scripted_train
+    import train
+    from runlog import read_jsonl
+
+    wm_dir = str(tmp_path / "wm")
+    start = policy.tiny_model(tok, seed=1)
+    start.save_pretrained(wm_dir)
+    tok.save_pretrained(wm_dir)
+    demos = tmp_path / "demos.jsonl"
+    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'"
+    demos.write_text("".join(json.dumps({"task": "click-button", "seed": i, "success": True, "turns": [
+        {"observation": obs.format(i), "action": "click('12')"}]}) + "\n" for i in range(4)))
+    out = str(tmp_path / "dream")
+    monkeypatch.setattr(generators, "make_generator", scripted_train.make_generator("alternate"))
+    train.main(["--mode", "dream", "--tiny", "--world-model", wm_dir, "--transitions", DATA, "--demos", str(demos),
+                "--tasks", "click-button", "--iterations", "1", "--groups-per-iter", "2", "--group-size", "2",
+                "--dream-len", "2", "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "1",
+                "--replay-samples", "2", "--real-ratio", "0.5", "--out", out, "--wm-refit-steps", "1",
+                "--wm-refit-batch", "4", "--probe-seeds", "0", "--expert-loss", "nll"])
+    (m,) = [x for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if x["step"] == 1]
+    refit = read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))
+    assert m["wm_refit/new"] == len(refit) > 0 and m["wm_refit/steps"] == 1 and m["wm_refit/loss"] > 0
+    assert all(t["source"] == "dream_replay" and t["iteration"] == 1 and t["task"] == "click-button" for t in refit)
+    assert all(t["delta"] == trans.delta_label(t) for t in refit)  # exact labels, from the real pages
+    assert all(t["obs"]["axtree"] and t["next_obs"]["axtree"] for t in refit)
+    saved = os.path.join(checkpoint.latest_checkpoint(out), wm_refit.REFIT_DIR)
+    assert wm_refit.refit_iteration(saved) == 1
+    after, _ = policy.load_model(saved)
+    assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), after.state_dict().values()))
