@@ -184,7 +184,7 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
     (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
     Reads args: mode, demos or transitions (and judge_trajectories), tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
     save_every, keep_ckpts, out, and the prompt settings. Logs per step: loss/<mode>, loss/grad_norm, perf/step_s,
-    perf/tokens_per_s, perf/peak_rss_gb (this process's peak resident memory so far, GB), charts/lr, charts/epoch."""
+    perf/tokens_per_s, perf/peak_rss_gib (this process's peak resident memory so far, GiB), charts/lr, charts/epoch."""
     samples = training_samples(args, tok)
     tag = args.mode
     if args.batch_size % world:
@@ -220,7 +220,7 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         m = {f"loss/{tag}": distributed.all_sum(loss_sum, world), "loss/grad_norm": float(gnorm),
              "perf/step_s": time.time() - t0,
              "perf/tokens_per_s": distributed.all_sum(tokens, world) / (time.time() - t_start),
-             "perf/peak_rss_gb": runlog.peak_rss_mb() / 1024,  # this rank's
+             "perf/peak_rss_gib": runlog.peak_rss_mb() / 1024,  # this rank's
              "charts/lr": sched.get_last_lr()[0], "charts/epoch": step / steps_per_epoch}
         logger.log(m, step)
         bar.update(1)

@@ -33,7 +33,7 @@ def test_bc_runs_and_resumes(tmp_path, demos):
     steps = [m["step"] for m in metrics(out)]
     assert steps == [1, 2, 3, 4], steps
     assert metrics(out)[-1]["loss/bc"] < metrics(out)[0]["loss/bc"]
-    assert 0.1 < metrics(out)[-1]["perf/peak_rss_gb"] < 64  # the process's peak so far, in GB (a model was loaded)
+    assert 0.1 < metrics(out)[-1]["perf/peak_rss_gib"] < 64  # the process's peak so far, in GiB (a model was loaded)
 
 
 def test_torchrun_two_processes_real_mode(tmp_path, tok):
