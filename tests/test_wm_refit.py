@@ -220,3 +220,40 @@ def test_a_dream_run_refits_its_world_model_on_the_real_replays_of_its_dreams(tm
     assert wm_refit.refit_iteration(saved) == 1
     after, _ = policy.load_model(saved)
     assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), after.state_dict().values()))
+
+
+def test_two_ranks_refit_together_when_one_rank_has_no_replay(tmp_path, tok):
+    """torchrun, 2 processes, the expert's replies: the batch's one dream group is rank 0's (rank 1 trains on
+    its real expert trajectories), so only rank 0 replays dreams. The refit counts every rank's real
+    transitions (wm_refit/new, a sum over ranks), rank 1 takes the same step on training transitions alone
+    (no rank waits on a collective the other skipped: the run ends), and rank 0 saves the refit world
+    model in the checkpoint."""
+    import json
+    import subprocess
+
+    import checkpoint
+    from runlog import read_jsonl
+
+    wm_dir = str(tmp_path / "wm")
+    policy.tiny_model(tok, seed=1).save_pretrained(wm_dir)
+    tok.save_pretrained(wm_dir)
+    demos = tmp_path / "demos.jsonl"
+    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'"
+    demos.write_text("".join(json.dumps({"task": "click-button", "seed": i, "success": True, "turns": [
+        {"observation": obs.format(i), "action": "click('12')"}]}) + "\n" for i in range(4)))
+    out = str(tmp_path / "dream")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "tests/scripted_train.py", "alternate", "--mode", "dream", "--tiny", "--world-model", wm_dir,
+                        "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",
+                        "--iterations", "1", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
+                        "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "1", "--replay-samples", "1",
+                        "--real-ratio", "0.5", "--out", out, "--wm-refit-steps", "1", "--wm-refit-batch", "4",
+                        "--probe-seeds", "0", "--expert-loss", "nll"],
+                       cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (m,) = [x for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if x["step"] == 1]
+    per_rank = [read_jsonl(os.path.join(out, f"wm_refit-rank{k}.jsonl")) for k in (0, 1)]
+    assert per_rank[0] and not per_rank[1] and m["wm_refit/new"] == len(per_rank[0]) and m["wm_refit/steps"] == 1
+    assert m["dream/trajectories"] == 2 and m["dream/real_trajectories"] == 2  # summed over the ranks
+    assert wm_refit.refit_iteration(os.path.join(checkpoint.latest_checkpoint(out), wm_refit.REFIT_DIR)) == 1
