@@ -20,8 +20,9 @@ when the episode ends: after send_msg_to_user (the answer) or report_infeasible,
 
 This file is what a user imports: the task registry and seeds (TASKS, SUITE, train_seeds, eval_seeds,
 is_success, from tasks.py), the observation (Obs) and the environment (WebEnv, make_env). Its parts
-live beside it: tasks.py (which tasks, which seeds, what counts as success), actions.py (the action grammar, parse_action), axtree.py (the tree text), browser.py (the Chromium
-session and its network sandbox), watchdog.py (time bounds, by killing processes).
+live beside it: tasks.py (which tasks, which seeds, what counts as success), actions.py (the action
+grammar, parse_action), axtree.py (the tree text), browser.py (the Chromium session and its network
+sandbox), watchdog.py (time bounds, by killing processes).
 
 The environment's contract:
 - one Chromium per WebEnv, kept across episodes: a reset opens a new page, not a new browser, and a
