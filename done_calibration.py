@@ -14,11 +14,13 @@ on, and choose one on other data than the data it is reported on.
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 
 import compress
 import world_model as wm
+from delta import predicted_done
 
 STATUSES = ("yes", "no", "fail")
 
@@ -54,19 +56,38 @@ def done_p_yes(model, tokenizer, transitions: list[dict], deltas: list[str], *, 
     return out
 
 
-def by_threshold(transitions: list[dict], p_yes: list[float], thresholds=(0.5, 0.7, 0.8, 0.9, 0.95, 0.99)) -> dict:
+def by_threshold(transitions: list[dict], p_yes: list[float], thresholds=(0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
+                 greedy_yes: list[bool] | None = None) -> dict:
     """{threshold: {false_positives, negatives, true_positives, positives, false_positive_rate, accuracy}},
-    a transition called done when its P(yes) > threshold, against t["success"]."""
+    a transition called done when its P(yes) > threshold (and, with `greedy_yes`, its greedy Δ says
+    `done: yes`: DreamEnv's rule with --done-threshold), against t["success"]."""
+    greedy_yes = greedy_yes if greedy_yes is not None else [True] * len(transitions)
     res = {}
     for th in thresholds:
-        fp = sum(p > th for t, p in zip(transitions, p_yes) if not t["success"])
-        tp = sum(p > th for t, p in zip(transitions, p_yes) if t["success"])
+        called = [g and p > th for p, g in zip(p_yes, greedy_yes)]
+        fp = sum(c for t, c in zip(transitions, called) if not t["success"])
+        tp = sum(c for t, c in zip(transitions, called) if t["success"])
         neg = sum(not t["success"] for t in transitions)
         pos = len(transitions) - neg
         res[th] = {"false_positives": fp, "negatives": neg, "true_positives": tp, "positives": pos,
                    "false_positive_rate": fp / neg if neg else 0.0,
                    "accuracy": (tp + neg - fp) / len(transitions) if transitions else 0.0}
     return res
+
+
+def choose_threshold(transitions: list[dict], p_yes: list[float], *,
+                     max_false_positive_rate: float = 0.02) -> float | None:
+    """The P(yes) threshold with the best completion accuracy whose false-positive rate is under
+    `max_false_positive_rate` on these transitions (by_threshold's rule; read it on other data than the
+    data it is reported on): the midpoint between two neighbouring P(yes) values, rounded to 4 decimals,
+    the lowest of equally accurate ones. None when no threshold in (0, 1) gets under the rate."""
+    ps = sorted({round(p, 6) for p in p_yes} | {0.0, 1.0})
+    cands = sorted({round((a + b) / 2, 4) for a, b in zip(ps, ps[1:])} - {0.0, 1.0})
+    best = None
+    for th, r in by_threshold(transitions, p_yes, cands).items():
+        if r["false_positive_rate"] < max_false_positive_rate and (best is None or r["accuracy"] > best[1]):
+            best = (th, r["accuracy"])
+    return None if best is None else best[0]
 
 
 def auc(transitions: list[dict], p_yes: list[float]) -> float:
@@ -92,6 +113,9 @@ if __name__ == "__main__":
     ap.add_argument("--predictions", required=True, help="its <out>_predictions.jsonl (one predicted Δ per transition)")
     ap.add_argument("--thresholds", default="0.5,0.7,0.8,0.9,0.95,0.99", help="comma-separated P(yes) thresholds")
     ap.add_argument("--out", default="", help="also write each transition's P(yes) and the table here as JSON")
+    ap.add_argument("--choose-on", default="", help="another --out file (other transitions, e.g. training seeds the "
+                    "model never saw): choose the threshold there (choose_threshold) and report it on --data")
+    ap.add_argument("--max-fp-rate", type=float, default=0.02, help="--choose-on: false-positive rate to stay under")
     a = ap.parse_args()
     data = load_transitions(a.data)
     preds = read_jsonl(a.predictions)
@@ -100,7 +124,23 @@ if __name__ == "__main__":
     wm.check_delta_format(a.checkpoint)
     model, tok = policy.load_model(a.checkpoint)
     p = done_p_yes(model, tok, data, [r["predicted"] for r in preds], progress=True)
-    table = by_threshold(data, p, [float(x) for x in a.thresholds.split(",") if x])
+    greedy = [predicted_done(r["predicted"]) for r in preds]  # DreamEnv checks P(yes) only on a greedy `yes`
+    thresholds = [float(x) for x in a.thresholds.split(",") if x]
+    if a.choose_on:
+        with open(a.choose_on, encoding="utf-8") as f:
+            other = json.load(f)["p_yes"]
+        chosen = choose_threshold(other, [r["p_yes"] for r in other], max_false_positive_rate=a.max_fp_rate)
+        if chosen is None:
+            sys.exit(f"no threshold has false positives under {a.max_fp_rate:.1%} on {a.choose_on}")
+        there = by_threshold(other, [r["p_yes"] for r in other], [chosen])[chosen]
+        print(f"chosen on {a.choose_on}: P(yes) > {chosen} (there: false positives {there['false_positives']} of "
+              f"{there['negatives']}, accuracy {there['accuracy']:.1%})")
+        here = by_threshold(data, p, [chosen], greedy)[chosen]
+        print(f"on {a.data} with DreamEnv's rule (a greedy `done: yes` and P(yes) > {chosen}): false positives "
+              f"{here['false_positives']} of {here['negatives']} ({here['false_positive_rate']:.1%}), completions "
+              f"{here['true_positives']} of {here['positives']}, accuracy {here['accuracy']:.1%}")
+        thresholds = sorted(set(thresholds) | {chosen})
+    table = by_threshold(data, p, thresholds)
     for th, r in table.items():
         print(f"P(yes) > {th:<5}: false positives {r['false_positives']:3d} of {r['negatives']} "
               f"({r['false_positive_rate']:.1%}), completions {r['true_positives']:3d} of {r['positives']}, "
@@ -110,5 +150,5 @@ if __name__ == "__main__":
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump({"by_threshold": table, "p_yes": [{"task": t["task"], "seed": t["seed"], "step": t["step"],
-                                                         "success": bool(t["success"]), "p_yes": x}
-                                                        for t, x in zip(data, p)]}, f, indent=1)
+                                                         "success": bool(t["success"]), "p_yes": x, "greedy_yes": g}
+                                                        for t, x, g in zip(data, p, greedy)]}, f, indent=1)

@@ -53,3 +53,18 @@ def test_by_threshold_counts_against_the_real_outcome():
     assert dc.auc(ts[:2] + ts[2:3], [0.5, 0.4, 0.5]) == pytest.approx(0.25)  # a tie counts half
     with pytest.raises(ValueError):
         dc.auc(ts[:2], [0.1, 0.2])
+
+
+def test_choose_threshold_by_hand():
+    ts = [{"success": s} for s in (True, True, False, False, False, True, False)]
+    p = [0.95, 0.6, 0.99, 0.7, 0.1, 0.9, 0.5]
+    # under 1/4 false positives: above 0.99 nothing is called (accuracy 4/7); between 0.95 and 0.99 one false
+    # positive (0.99: 25%, not under); so only thresholds >= 0.99 qualify: the midpoint of 0.99 and 1.0
+    assert dc.choose_threshold(ts, p, max_false_positive_rate=0.25) == 0.995
+    # under 1/2: one false positive allowed: above 0.925 (0.95 and 0.99 called: 1 fp, 1 tp) accuracy 4/7;
+    # above 0.8 (0.9, 0.95, 0.99): 1 fp, 2 tp, accuracy 5/7; above 0.65 adds 0.7 (2 fp = 50%: not under)
+    assert dc.choose_threshold(ts, p, max_false_positive_rate=0.5) == 0.8
+    assert dc.choose_threshold([{"success": False}], [0.3], max_false_positive_rate=0.0) is None
+    # DreamEnv's rule: a greedy `yes` is needed too
+    table = dc.by_threshold(ts, p, (0.5,), greedy_yes=[True, False, False, True, True, True, True])
+    assert (table[0.5]["true_positives"], table[0.5]["false_positives"]) == (2, 1)
