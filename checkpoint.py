@@ -44,9 +44,13 @@ def set_rng_state(state: dict) -> None:
 
 def checkpoint_bytes(model, optimizer) -> int:
     """Bytes a checkpoint of `model` and `optimizer` takes on disk, about: every parameter at its dtype's
-    size plus every tensor of the optimizer's state (Adam: two fp32 moments a parameter; None: none). Global sizes
+    size (a PEFT model's adapter only: what its save_pretrained writes) plus every tensor of the optimizer's state (Adam: two fp32 moments a parameter; None: none). Global sizes
     under --fsdp (a DTensor's numel is the full tensor's)."""
-    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    from peft import PeftModel, get_peft_model_state_dict
+
+    # a PEFT model's save_pretrained writes its adapter only
+    saved = get_peft_model_state_dict(model).values() if isinstance(model, PeftModel) else model.parameters()
+    n = sum(p.numel() * p.element_size() for p in saved)
     for state in (optimizer.state.values() if optimizer is not None else ()):
         n += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
     return n

@@ -75,16 +75,17 @@ def by_threshold(transitions: list[dict], p_yes: list[float], thresholds=(0.5, 0
     return res
 
 
-def choose_threshold(transitions: list[dict], p_yes: list[float], *,
+def choose_threshold(transitions: list[dict], p_yes: list[float], greedy_yes: list[bool] | None = None, *,
                      max_false_positive_rate: float = 0.02) -> float | None:
-    """The P(yes) threshold with the best completion accuracy whose false-positive rate is under
-    `max_false_positive_rate` on these transitions (by_threshold's rule; read it on other data than the
-    data it is reported on): the midpoint between two neighbouring P(yes) values, rounded to 4 decimals,
-    the lowest of equally accurate ones. None when no threshold in (0, 1) gets under the rate."""
-    ps = sorted({round(p, 6) for p in p_yes} | {0.0, 1.0})
-    cands = sorted({round((a + b) / 2, 4) for a, b in zip(ps, ps[1:])} - {0.0, 1.0})
+    """The P(yes) threshold with the best completion accuracy whose false-positive rate is strictly under
+    `max_false_positive_rate` on these transitions (by_threshold's rule, with `greedy_yes` DreamEnv's;
+    read it on other data than the data it is reported on): a midpoint between two neighbouring P(yes)
+    values, the lowest of equally accurate ones. None when no threshold in (0, 1) gets under the rate
+    (so always with a rate of 0)."""
+    ps = sorted(set(p_yes) | {0.0, 1.0})
+    cands = sorted({(a + b) / 2 for a, b in zip(ps, ps[1:])} - {0.0, 1.0})
     best = None
-    for th, r in by_threshold(transitions, p_yes, cands).items():
+    for th, r in by_threshold(transitions, p_yes, cands, greedy_yes).items():
         if r["false_positive_rate"] < max_false_positive_rate and (best is None or r["accuracy"] > best[1]):
             best = (th, r["accuracy"])
     return None if best is None else best[0]
@@ -129,18 +130,21 @@ if __name__ == "__main__":
     if a.choose_on:
         with open(a.choose_on, encoding="utf-8") as f:
             other = json.load(f)["p_yes"]
-        chosen = choose_threshold(other, [r["p_yes"] for r in other], max_false_positive_rate=a.max_fp_rate)
+        if {transition_key(r) for r in other} & {transition_key(t) for t in data}:
+            ap.error(f"{a.choose_on} and {a.data} share transitions: choose the threshold on other data")
+        other_p, other_greedy = [r["p_yes"] for r in other], [r.get("greedy_yes", True) for r in other]
+        chosen = choose_threshold(other, other_p, other_greedy, max_false_positive_rate=a.max_fp_rate)
         if chosen is None:
             sys.exit(f"no threshold has false positives under {a.max_fp_rate:.1%} on {a.choose_on}")
-        there = by_threshold(other, [r["p_yes"] for r in other], [chosen])[chosen]
-        print(f"chosen on {a.choose_on}: P(yes) > {chosen} (there: false positives {there['false_positives']} of "
-              f"{there['negatives']}, accuracy {there['accuracy']:.1%})")
+        there = by_threshold(other, other_p, [chosen], other_greedy)[chosen]
         here = by_threshold(data, p, [chosen], greedy)[chosen]
-        print(f"on {a.data} with DreamEnv's rule (a greedy `done: yes` and P(yes) > {chosen}): false positives "
-              f"{here['false_positives']} of {here['negatives']} ({here['false_positive_rate']:.1%}), completions "
-              f"{here['true_positives']} of {here['positives']}, accuracy {here['accuracy']:.1%}")
-        thresholds = sorted(set(thresholds) | {chosen})
+        print(f"DreamEnv's rule (a greedy `done: yes` and P(yes) > {chosen!r}), the threshold chosen on {a.choose_on} "
+              f"(there: false positives {there['false_positives']} of {there['negatives']}, accuracy "
+              f"{there['accuracy']:.1%}); on {a.data}: false positives {here['false_positives']} of {here['negatives']} "
+              f"({here['false_positive_rate']:.1%}), completions {here['true_positives']} of {here['positives']}, "
+              f"accuracy {here['accuracy']:.1%}")
     table = by_threshold(data, p, thresholds)
+    print("P(yes) alone, by threshold:")
     for th, r in table.items():
         print(f"P(yes) > {th:<5}: false positives {r['false_positives']:3d} of {r['negatives']} "
               f"({r['false_positive_rate']:.1%}), completions {r['true_positives']:3d} of {r['positives']}, "

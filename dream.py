@@ -302,10 +302,15 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         wm_path = args.world_model
         if args.wm_refit_steps and it:  # resumed: dream in the refit world model saved with this checkpoint
             wm_path = os.path.join(checkpoint.latest_checkpoint(args.out) or args.out, wm_refit.REFIT_DIR)
-            if wm_refit.refit_iteration(wm_path) is None:
+            saved_at = wm_refit.refit_iteration(wm_path)
+            if saved_at is None:
                 raise FileNotFoundError(f"{wm_path}: no refit world model to resume in (--wm-refit-steps saves one "
                                         f"inside every checkpoint; runs before 2026-12-06 kept it at "
-                                        f"{os.path.join(args.out, wm_refit.REFIT_DIR)}: move it there)")
+                                        f"{os.path.join(args.out, wm_refit.REFIT_DIR)}: move it there if its "
+                                        f"refit.json says iteration {it})")
+            if saved_at != it:
+                raise ValueError(f"{wm_path} was refit up to iteration {saved_at}, the checkpoint resumed is at {it}: "
+                                 f"a policy resumes only with the world model saved with it")
         wm, wm_tok = policy.load_model(wm_path, device=device)
         if args.wm_refit_steps:  # before freezing: it trains what load_model left trainable (a PEFT adapter)
             refit = wm_refit.WorldModelRefit(

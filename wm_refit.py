@@ -33,7 +33,7 @@ import supervised
 import world_model
 from delta import diff, done_status
 
-REFIT_DIR = "world_model"          # under the dream run's out/
+REFIT_DIR = "world_model"          # inside each checkpoint of the dream run: CKPT/world_model
 REFIT_TRANSITIONS = "wm_refit.jsonl"
 
 

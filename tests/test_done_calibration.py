@@ -60,11 +60,16 @@ def test_choose_threshold_by_hand():
     p = [0.95, 0.6, 0.99, 0.7, 0.1, 0.9, 0.5]
     # under 1/4 false positives: above 0.99 nothing is called (accuracy 4/7); between 0.95 and 0.99 one false
     # positive (0.99: 25%, not under); so only thresholds >= 0.99 qualify: the midpoint of 0.99 and 1.0
-    assert dc.choose_threshold(ts, p, max_false_positive_rate=0.25) == 0.995
+    assert dc.choose_threshold(ts, p, max_false_positive_rate=0.25) == pytest.approx(0.995)
     # under 1/2: one false positive allowed: above 0.925 (0.95 and 0.99 called: 1 fp, 1 tp) accuracy 4/7;
     # above 0.8 (0.9, 0.95, 0.99): 1 fp, 2 tp, accuracy 5/7; above 0.65 adds 0.7 (2 fp = 50%: not under)
-    assert dc.choose_threshold(ts, p, max_false_positive_rate=0.5) == 0.8
+    assert dc.choose_threshold(ts, p, max_false_positive_rate=0.5) == pytest.approx(0.8)
     assert dc.choose_threshold([{"success": False}], [0.3], max_false_positive_rate=0.0) is None
     # DreamEnv's rule: a greedy `yes` is needed too
-    table = dc.by_threshold(ts, p, (0.5,), greedy_yes=[True, False, False, True, True, True, True])
+    greedy = [True, False, False, True, True, True, True]
+    table = dc.by_threshold(ts, p, (0.5,), greedy_yes=greedy)
     assert (table[0.5]["true_positives"], table[0.5]["false_positives"]) == (2, 1)
+    # under it 0.99's failure is never called: above 0.8 only 0.95 and 0.9 (completions), no false positive,
+    # accuracy 6/7 (P(yes) alone needed 0.995 to stay under 1/4); above 0.65 0.7's failure too (5/7)
+    assert dc.choose_threshold(ts, p, greedy, max_false_positive_rate=0.25) == pytest.approx(0.8)
+    assert dc.choose_threshold(ts, p, greedy, max_false_positive_rate=0.5) == pytest.approx(0.8)

@@ -20,7 +20,6 @@ import judge  # noqa: E402
 import train  # noqa: E402
 import supervised  # noqa: E402
 import update  # noqa: E402
-import delta as dfmt  # noqa: E402
 import transitions as trans  # noqa: E402
 import world_model as wm  # noqa: E402
 import wm_eval  # noqa: E402
@@ -276,13 +275,12 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
 
         # (the tiny policy's replies rarely parse, so a check may bring no transition, and then no step)
         assert "wm_refit/new" not in ms[0] and ms[1].get("wm_refit/steps", 0) == (1 if ms[1]["wm_refit/new"] else 0)
-        import checkpoint
-
         for ck in ("final", "step-000002"):  # each checkpoint holds the world model it dreamt in
             assert wm_refit.refit_iteration(os.path.join(out, ck, wm_refit.REFIT_DIR)) == 2
         assert len(read_jsonl(os.path.join(out, "wm_refit-rank0.jsonl"))) == ms[1]["wm_refit/new"]
     else:
-        assert "wm_refit/new" not in ms[1] and not os.path.exists(os.path.join(out, "world_model"))
+        assert "wm_refit/new" not in ms[1] and not any(os.path.exists(os.path.join(out, ck, "world_model"))
+                                                         for ck in ("final", "step-000002"))
     dreams = read_jsonl(os.path.join(out, "dreams-rank0.jsonl"))  # every imagined trajectory, without token ids
     assert [(d["iteration"], d["group"]) for d in dreams] == [(1, 0), (1, 0), (2, 0), (2, 0)]
     assert all(d["source"] == "dream" and d["turns"] and "response_ids" not in d["turns"][0] for d in dreams)

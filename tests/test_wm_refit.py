@@ -100,6 +100,11 @@ def test_the_refit_trains_only_a_peft_world_models_adapter(tok):
     refit.refit(trans.load_transitions(DATA)[:4], 2)
     moved = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
     assert moved and all("lora_" in n for n in moved)  # save_pretrained writes the adapter: nothing trained is lost
+    import checkpoint
+
+    # the disk check counts what save_pretrained writes: the adapter (frozen here, as a dreaming world model is)
+    adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+    assert checkpoint.checkpoint_bytes(model, None) == adapter < sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def test_the_refit_world_model_is_saved_inside_its_checkpoint(tmp_path, tok):
@@ -178,6 +183,11 @@ def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demo
     # no refit model in the checkpoint resumed from: a clear error, not dreams in the world model the run began with
     shutil.rmtree(final)
     with pytest.raises(FileNotFoundError, match="no refit world model to resume in"):
+        dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {},
+                          0, 1, torch.device("cpu"))
+    # one refit apart from the checkpoint (a folder moved in by hand): refused, not dreamt in
+    wm_refit.save_refit(final, refit_model, tok, src, 1)
+    with pytest.raises(ValueError, match="refit up to iteration 1, the checkpoint resumed is at 2"):
         dream.train_dream(args, model, tok, opt, None, Logger(out, enabled=False), train.update_config(args), 2, {},
                           0, 1, torch.device("cpu"))
 
