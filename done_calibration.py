@@ -130,7 +130,7 @@ if __name__ == "__main__":
     if a.choose_on:
         with open(a.choose_on, encoding="utf-8") as f:
             other = json.load(f)["p_yes"]
-        if {transition_key(r) for r in other} & {transition_key(t) for t in data}:
+        if {(r["task"], r["seed"], r["step"]) for r in other} & {(t["task"], t["seed"], t["step"]) for t in data}:
             ap.error(f"{a.choose_on} and {a.data} share transitions: choose the threshold on other data")
         other_p, other_greedy = [r["p_yes"] for r in other], [r.get("greedy_yes", True) for r in other]
         chosen = choose_threshold(other, other_p, other_greedy, max_false_positive_rate=a.max_fp_rate)
@@ -154,5 +154,6 @@ if __name__ == "__main__":
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump({"by_threshold": table, "p_yes": [{"task": t["task"], "seed": t["seed"], "step": t["step"],
-                                                         "success": bool(t["success"]), "p_yes": x, "greedy_yes": g}
+                                                         "action": t["action"], "success": bool(t["success"]), "p_yes": x,
+                                                         "greedy_yes": g}
                                                         for t, x, g in zip(data, p, greedy)]}, f, indent=1)
