@@ -47,3 +47,20 @@ def demos(tmp_path_factory):
                                 "reward": 1.0, "env_error": False,
                                 "turns": [{"observation": obs.format(f"b{i}"), "action": "click('12')", "error": ""}]}) + "\n")
     return str(path)
+
+
+@pytest.fixture
+def dream_inputs(tmp_path, tok):
+    """A dream run's inputs: a tiny world model saved to tmp_path/wm and 4 one-turn click-button
+    demonstrations. Returns (world model folder, demonstrations file, the world model)."""
+    import policy
+
+    wm_dir = str(tmp_path / "wm")
+    start = policy.tiny_model(tok, seed=1)
+    start.save_pretrained(wm_dir)
+    tok.save_pretrained(wm_dir)
+    demos = tmp_path / "demos.jsonl"
+    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'"
+    demos.write_text("".join(json.dumps({"task": "click-button", "seed": i, "success": True, "turns": [
+        {"observation": obs.format(i), "action": "click('12')"}]}) + "\n" for i in range(4)))
+    return wm_dir, demos, start

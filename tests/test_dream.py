@@ -222,15 +222,8 @@ def test_an_advantage_key_overrides_the_group_advantage(tok):
 
 
 @pytest.mark.parametrize("expert_loss", ["nll", "gspo", "kl"])
-def test_dream_mode_end_to_end(tmp_path, tok, expert_loss):
-    wm_dir = str(tmp_path / "wm")
-    m = policy.tiny_model(tok, seed=1)
-    m.save_pretrained(wm_dir)
-    tok.save_pretrained(wm_dir)
-    demos = tmp_path / "demos.jsonl"
-    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'"
-    demos.write_text("".join(json.dumps({"task": "click-button", "seed": i, "success": True, "turns": [
-        {"observation": obs.format(i), "action": "click('12')"}]}) + "\n" for i in range(4)))
+def test_dream_mode_end_to_end(tmp_path, tok, expert_loss, dream_inputs):
+    wm_dir, demos, _ = dream_inputs
     out = str(tmp_path / "dream")
     r = subprocess.run([sys.executable, "train.py", "--mode", "dream", "--tiny", "--world-model", wm_dir,
                         "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",

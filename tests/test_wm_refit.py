@@ -192,23 +192,7 @@ def test_a_resumed_dream_run_dreams_in_its_refit_world_model(tmp_path, tok, demo
                           0, 1, torch.device("cpu"))
 
 
-def _dream_inputs(tmp_path, tok):
-    """A dream run's inputs: a tiny world model saved to tmp_path/wm and 4 click-button demonstrations.
-    Returns (world model folder, demonstrations file, the world model)."""
-    import json
-
-    wm_dir = str(tmp_path / "wm")
-    start = policy.tiny_model(tok, seed=1)
-    start.save_pretrained(wm_dir)
-    tok.save_pretrained(wm_dir)
-    demos = tmp_path / "demos.jsonl"
-    obs = "Goal: Click on the \"{0}\" button.\nURL: file:///m/miniwob/click-button.html\n[12] button '{0}'"
-    demos.write_text("".join(json.dumps({"task": "click-button", "seed": i, "success": True, "turns": [
-        {"observation": obs.format(i), "action": "click('12')"}]}) + "\n" for i in range(4)))
-    return wm_dir, demos, start
-
-
-def test_a_dream_run_refits_its_world_model_on_the_real_replays_of_its_dreams(tmp_path, tok, monkeypatch):
+def test_a_dream_run_refits_its_world_model_on_the_real_replays_of_its_dreams(tmp_path, tok, monkeypatch, dream_inputs):
     """train.main --mode dream --wm-refit-steps 1, in process, with the expert's replies (tests/scripted_train.py,
     so every dream's actions parse): the replay check's dreams are replayed on real pages, their real
     transitions (Δ labels by delta.diff of the real pages) train the world model one step, and the
@@ -220,7 +204,7 @@ def test_a_dream_run_refits_its_world_model_on_the_real_replays_of_its_dreams(tm
     import train
     from runlog import read_jsonl
 
-    wm_dir, demos, start = _dream_inputs(tmp_path, tok)
+    wm_dir, demos, start = dream_inputs
     out = str(tmp_path / "dream")
     monkeypatch.setattr(generators, "make_generator", scripted_train.make_generator("alternate"))
     train.main(["--mode", "dream", "--tiny", "--world-model", wm_dir, "--transitions", DATA, "--demos", str(demos),
@@ -240,7 +224,7 @@ def test_a_dream_run_refits_its_world_model_on_the_real_replays_of_its_dreams(tm
     assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), after.state_dict().values()))
 
 
-def test_two_ranks_refit_together_when_one_rank_has_no_replay(tmp_path, tok):
+def test_two_ranks_refit_together_when_one_rank_has_no_replay(tmp_path, tok, dream_inputs):
     """torchrun, 2 processes, the expert's replies: the batch's one dream group is rank 0's (rank 1 trains on
     its real expert trajectories), so only rank 0 replays dreams. The refit counts every rank's real
     transitions (wm_refit/new, a sum over ranks), rank 1 takes the same step on training transitions alone
@@ -251,7 +235,7 @@ def test_two_ranks_refit_together_when_one_rank_has_no_replay(tmp_path, tok):
     import checkpoint
     from runlog import read_jsonl
 
-    wm_dir, demos, _ = _dream_inputs(tmp_path, tok)
+    wm_dir, demos, _ = dream_inputs
     out = str(tmp_path / "dream")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "tests/scripted_train.py", "alternate", "--mode", "dream", "--tiny", "--world-model", wm_dir,
