@@ -178,6 +178,19 @@ def grad_ckpt_enabled(model) -> bool:
     return bool(on if on is not None else getattr(model, "is_gradient_checkpointing", False))
 
 
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU does bf16 arithmetic in hardware (the `avx512_bf16` or `amx_bf16` flag of
+    `cpuinfo`); None where the file cannot be read (not Linux). Without them bf16 autocast on CPU is
+    emulated: one judge training step of 32 prompts took 1,466 s under it on an AVX2-only EPYC, against
+    81.6 s in fp32 (docs/speed.md "bf16 without the hardware")."""
+    try:
+        with open(cpuinfo) as f:
+            flags = set(f.read().split())
+    except OSError:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def autocast(device, enabled: bool):
     """bf16 autocast context (a no-op when disabled)."""
     dev = torch.device(device).type

@@ -408,6 +408,9 @@ def main(argv=None):
         if not args.resume and checkpoint.latest_checkpoint(args.out):
             print(f"note: {args.out} already holds checkpoints; pass --resume to continue from them", file=sys.stderr)
         run_flags.record_start(args, sys.argv[1:] if argv is None else argv)
+        if args.bf16 and device.type == "cpu" and policy.cpu_has_native_bf16() is False:
+            print("warning: --bf16 1 on a CPU without avx512_bf16 or amx_bf16: autocast is emulated and training is "
+                  "many times slower than fp32 (--bf16 0; the Makefile picks this itself)", file=sys.stderr)
     distributed.barrier(world)
     resume = checkpoint.latest_checkpoint(args.out) if args.resume else None
     model, tok = build_model(args, device, path=resume)

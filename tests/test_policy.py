@@ -165,3 +165,15 @@ def test_shared_prefix_scoring_equals_whole_rows_in_values_and_gradients(tok, pr
     with torch.no_grad():
         want = policy.token_logprobs(policy.tiny_model(tok), ids, mask, L, temperature=0.8)
     assert torch.allclose(want * rm2, b * rb, atol=1e-5)
+
+
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
+    """The flag train.py warns by: a word of the flags line, not a substring of another flag."""
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor : 0\nflags : fpu avx avx2 avx512f avx512bw\n")
+    assert policy.cpu_has_native_bf16(str(f)) is False
+    f.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_bf16\n")
+    assert policy.cpu_has_native_bf16(str(f)) is True
+    f.write_text("flags : fpu avx2 amx_bf16 amx_tile\n")
+    assert policy.cpu_has_native_bf16(str(f)) is True
+    assert policy.cpu_has_native_bf16(str(tmp_path / "absent")) is None
