@@ -168,7 +168,7 @@ def test_shared_prefix_scoring_equals_whole_rows_in_values_and_gradients(tok, pr
 
 
 def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
-    """The flag train.py warns by: a word of the flags line, not a substring of another flag."""
+    """The flags train.py warns by: avx512_bf16 or amx_bf16 among the words of /proc/cpuinfo; None without the file."""
     f = tmp_path / "cpuinfo"
     f.write_text("processor : 0\nflags : fpu avx avx2 avx512f avx512bw\n")
     assert policy.cpu_has_native_bf16(str(f)) is False
