@@ -170,10 +170,7 @@ def train_step(spec: str, data: str, judge_trajectories: str, steps: int, batch_
     import train
 
     mode, mb, gc = spec.split(",")
-    bf16 = 0
-    if os.path.exists("/proc/cpuinfo"):  # bf16 autocast where the CPU has it, as the Makefile's BC_BF16
-        with open("/proc/cpuinfo") as f:
-            bf16 = int("avx512_bf16" in f.read())
+    bf16 = int(bool(policy.cpu_has_native_bf16()))  # bf16 autocast where the CPU has it, as the Makefile's BC_BF16
     args = train.parse_args(["--mode", mode, "--transitions", data, "--judge-trajectories", judge_trajectories,
                              "--micro-batch", mb, "--grad-ckpt", gc, "--bf16", str(bf16)])
     model, tok = policy.load_model(policy.DEFAULT_MODEL)
