@@ -85,6 +85,8 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
 
     Raises OSError (errno 28) on every rank, before writing, when out's disk lacks room for the
     checkpoint (`check_disk`; rank 0's reading of the free space is broadcast, so all ranks agree).
+    A write that fails part-way (an error or an interrupt) removes its temp folder and re-raises; the
+    newest complete checkpoint and out/latest stay as they were.
     """
     os.makedirs(out, exist_ok=True)
     free = [shutil.disk_usage(out).free]
@@ -106,15 +108,19 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
         final = os.path.join(out, name)
         tmp, old = final + ".tmp", final + ".old"
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        # under --fsdp the optimizer state is keyed by parameter name (torch.distributed.checkpoint's full form)
-        torch.save({"optimizer": optimizer.state_dict() if weights is None else opt_state, "step": step,
-                    "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
-        with open(os.path.join(tmp, "webdream.json"), "w") as f:
-            json.dump({"step": step, **(settings or {})}, f, indent=1)
-        for sub, write in (companions or {}).items():
-            write(os.path.join(tmp, sub))
+        try:
+            model.save_pretrained(tmp, state_dict=weights)
+            tokenizer.save_pretrained(tmp)
+            # under --fsdp the optimizer state is keyed by parameter name (torch.distributed.checkpoint's full form)
+            torch.save({"optimizer": optimizer.state_dict() if weights is None else opt_state, "step": step,
+                        "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
+            with open(os.path.join(tmp, "webdream.json"), "w") as f:
+                json.dump({"step": step, **(settings or {})}, f, indent=1)
+            for sub, write in (companions or {}).items():
+                write(os.path.join(tmp, sub))
+        except BaseException:  # a failed write (full disk, Ctrl-C) leaves no half folder behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(final):
             os.replace(final, old)  # never a moment with neither the old nor the new folder

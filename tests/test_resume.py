@@ -180,3 +180,24 @@ def test_a_checkpoint_that_does_not_fit_raises_before_writing(tmp_path, tok, mod
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=int(need * 1.06)))
     checkpoint.save_checkpoint(out, "step-000002", model, tok, opt, 2, {}, keep=2)
     assert checkpoint.latest_checkpoint(out) == os.path.join(out, "step-000002")
+
+
+def test_a_save_that_fails_part_way_leaves_no_temp_folder(tmp_path, tok, model, monkeypatch):
+    # the disk check passes but a write fails after the weights are out (a full disk, a Ctrl-C): the error
+    # reaches the caller, no half-written NAME.tmp stays behind, the previous checkpoint is still latest
+    import torch
+
+    import checkpoint
+
+    out = str(tmp_path / "run")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    checkpoint.save_checkpoint(out, "step-000001", model, tok, opt, 1, {}, keep=2)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_checkpoint(out, "step-000002", model, tok, opt, 2, {}, keep=2)
+    assert sorted(os.listdir(out)) == ["latest", "step-000001"]
+    assert checkpoint.latest_checkpoint(out) == os.path.join(out, "step-000001")
