@@ -324,8 +324,10 @@ if __name__ == "__main__":
                     "<out>_predictions.jsonl): judge its imagined next pages, and compare with its `done:` line")
     ap.add_argument("--threshold", type=float, default=0.5, help="P(yes) above which the judge says yes")
     ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget")
-    ap.add_argument("--out", default=None, help="the JSON written (default <checkpoint>/judge_eval.json, or "
-                    "judge_eval_imagined.json with --imagined); its per-transition P(yes) beside it, <out>_predictions.jsonl")
+    ap.add_argument("--out", default=None, help="the JSON written (default <checkpoint>/judge_eval_<data>.json, or "
+                    "judge_eval_imagined_<data>.json with --imagined, <data> the --data file's name without .jsonl, "
+                    "so evaluations on two data files do not overwrite each other); its per-transition P(yes) "
+                    "beside it, <out>_predictions.jsonl")
     a = ap.parse_args()
     m, tok = policy.load_model(a.eval)
     trajs = [t for p in a.trajectories.split(",") if p for t in read_jsonl(p)]
@@ -335,11 +337,12 @@ if __name__ == "__main__":
                          imagined={transition_key(r): r["predicted"] for r in wm} if wm else None,
                          predictions=preds, targets=shows_targets(a.eval))
     res["by_threshold"] = {th: rates([r["p_yes"] > th for r in preds], [r["label"] for r in preds])
-                           for th in (0.5, 0.7, 0.9, 0.95, 0.99)}
+                           for th in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99)}
     if wm:
         res["vs_done"] = compare_with_done(preds, wm, a.threshold)
     res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold)
-    out = a.out or os.path.join(a.eval, "judge_eval_imagined.json" if wm else "judge_eval.json")
+    stem = os.path.splitext(os.path.basename(a.data))[0]
+    out = a.out or os.path.join(a.eval, f"judge_eval_imagined_{stem}.json" if wm else f"judge_eval_{stem}.json")
     with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in preds)
     with open(out, "w") as f:
