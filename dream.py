@@ -211,7 +211,8 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
     """Each dream's reward, in place: every finished dream keeps the world model's verdict as
     done_success; with --dream-reward judge the judge's verdict replaces its success and reward
     (judge.judge_dreams; its figures are returned), with judge-p its P(yes) is the reward (graded) and
-    P(yes) > --judge-threshold the success; else `done: yes` stays the reward ({})."""
+    P(yes) > --judge-threshold the success; else `done: yes` stays the reward ({}). The judge's prompts get
+    the budget it was trained with (judge.trained_budget; the run's --max-prompt-tokens without one)."""
     for t in trajs:
         if not t["env_error"]:
             t["done_success"] = bool(t["success"])
@@ -220,7 +221,7 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
     import judge
 
     return judge.judge_dreams(judge_model, judge_tok, trajs, threshold=args.judge_threshold,
-                              max_tokens=args.max_prompt_tokens, bf16=bool(args.bf16) and device.type == "cuda",
+                              max_tokens=judge.trained_budget(args.judge, args.max_prompt_tokens), bf16=bool(args.bf16) and device.type == "cuda",
                               graded=args.dream_reward == "judge-p", targets=judge.shows_targets(args.judge))
 
 

@@ -140,8 +140,8 @@ if __name__ == "__main__":
     ap.add_argument("--judge", default="", help="a trajectory judge's checkpoint (train.py --mode judge): also score "
                     "its verdict on the same dreams")
     ap.add_argument("--thresholds", default="0.5,0.9", help="comma-separated P(yes) thresholds of --judge's verdict")
-    ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget (train.py's "
-                    "--max-prompt-tokens)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="the judge prompt's token budget (default: the one "
+                    "--judge was trained with, judge.trained_budget)")
     ap.add_argument("--out", default="", help="also write the counts here as JSON, and each dream's scores and "
                     "real outcome beside it (<out>_dreams.jsonl)")
     ap.add_argument("--labelled", default="", help="also write each replayed dream's line with its real outcome "
@@ -158,7 +158,7 @@ if __name__ == "__main__":
         import judge
 
         jm, jtok = policy.load_model(a.judge)
-        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=a.max_tokens,  # noqa: E731
+        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=a.max_tokens or judge.trained_budget(a.judge),  # noqa: E731
                                                         targets=judge.shows_targets(a.judge))
     res = replay_dream_file(a.dreams, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
                             iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True,

@@ -93,6 +93,18 @@ def shows_targets(path: str | None) -> bool:
     return True if saved is None else bool(saved.get("judge_targets", False))
 
 
+def trained_budget(path: str | None, default: int = 1024) -> int:
+    """The prompt budget, in tokens, the judge checkpoint folder `path` was trained with (its
+    webdream.json's max_prompt_tokens: train.py --mode judge --max-prompt-tokens), `default` when it
+    has none (the base model, --tiny). Scored with a larger budget, the judge sees prompts longer than
+    any it learnt from (more of the episode's pages shown): docs/dreams.md "The judge's prompt budget".
+    """
+    import checkpoint
+
+    saved = checkpoint.saved_settings(path)
+    return int(saved["max_prompt_tokens"]) if saved and saved.get("max_prompt_tokens") else default
+
+
 def judge_messages(goal: str, pages: list[str], actions: list[str], final: str | None, *, omit: int = 0,
                    final_lines: int | None = None, targets: bool = True) -> list[dict]:
     """Chat messages asking whether the actions completed the goal. The oldest `omit` pages are
@@ -323,12 +335,14 @@ if __name__ == "__main__":
     ap.add_argument("--imagined", default="", help="a world model's predictions on --data (world_model.py --eval's "
                     "<out>_predictions.jsonl): judge its imagined next pages, and compare with its `done:` line")
     ap.add_argument("--threshold", type=float, default=0.5, help="P(yes) above which the judge says yes")
-    ap.add_argument("--max-tokens", type=int, default=1024, help="the judge prompt's token budget")
+    ap.add_argument("--max-tokens", type=int, default=None, help="the judge prompt's token budget (default: the one "
+                    "the judge was trained with, its webdream.json's max_prompt_tokens; 1024 without one)")
     ap.add_argument("--out", default=None, help="the JSON written (default <checkpoint>/judge_eval_<data>.json, or "
                     "judge_eval_imagined_<data>.json with --imagined, <data> the --data file's name without .jsonl, "
                     "so evaluations on two data files do not overwrite each other); its per-transition P(yes) "
                     "beside it, <out>_predictions.jsonl")
     a = ap.parse_args()
+    a.max_tokens = a.max_tokens or trained_budget(a.eval)
     m, tok = policy.load_model(a.eval)
     trajs = [t for p in a.trajectories.split(",") if p for t in read_jsonl(p)]
     wm = read_jsonl(a.imagined) if a.imagined else None
@@ -340,7 +354,7 @@ if __name__ == "__main__":
                            for th in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99)}
     if wm:
         res["vs_done"] = compare_with_done(preds, wm, a.threshold)
-    res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold)
+    res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold, max_tokens=a.max_tokens)
     stem = os.path.splitext(os.path.basename(a.data))[0]
     out = a.out or os.path.join(a.eval, f"judge_eval_imagined_{stem}.json" if wm else f"judge_eval_{stem}.json")
     with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:

@@ -125,6 +125,21 @@ def test_the_dream_reward_prompts_each_judge_in_the_format_it_learnt(tok, tmp_pa
         assert ("Action 2: click('15') on [15] button 'Submit'" in seen[-1]) is shown
 
 
+def test_each_judge_is_scored_with_the_prompt_budget_it_learnt(tok, tmp_path, monkeypatch):
+    assert judge.trained_budget(None) == 1024 and judge.trained_budget(str(tmp_path), 700) == 700  # no webdream.json
+    seen = []
+    real = judge.judge_prompt
+    monkeypatch.setattr(judge, "judge_prompt", lambda *a, **k: seen.append(k["max_tokens"]) or real(*a, **k))
+    monkeypatch.setattr(judge, "judge_scores", lambda m, t, prompts, **k: [0.5] * len(prompts))
+    for saved, budget in (({"step": 9, "judge_targets": True}, 900), ({"step": 9, "max_prompt_tokens": 300}, 300)):
+        (tmp_path / "webdream.json").write_text(json.dumps(saved))
+        args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge", "--judge",
+                                 str(tmp_path), "--max-prompt-tokens", "900"])  # the policy's budget
+        dream.reward_dreams([dream_record()], object(), tok, args, policy.torch.device("cpu"))
+        assert seen[-1] == budget  # the judge's own budget, else the run's
+    assert judge.trained_budget(str(tmp_path)) == 300
+
+
 def test_the_graded_dream_reward_is_the_judges_p_yes(tok):
     """--dream-reward judge-p: the reward is P(yes) itself, success still P(yes) > --judge-threshold
     (a model that answers neither token: P(yes) = 1/2)."""
@@ -177,7 +192,7 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     out = str(tmp_path / "judge")
     train.main(["--mode", "judge", "--tiny", "--transitions", DATA, "--judge-trajectories", str(demos), "--out", out,
                 "--tasks", "click-tab-2,enter-text,click-checkboxes,click-button", "--batch-size", "4",
-                "--epochs", "0.4", "--micro-batch", "4"])
+                "--epochs", "0.4", "--micro-batch", "4", "--max-prompt-tokens", "600"])
     ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [m["step"] for m in ms] == [1, 2] and all(m["loss/judge"] > 0 for m in ms)  # 21 samples: 5 steps an epoch
     m, tok2 = policy.load_model(os.path.join(out, "final"))
@@ -185,6 +200,7 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     assert r["judge/n"] == 20 and r["judge/positives"] == 5 and 0.0 <= r["judge/false_positive_rate"] <= 1.0
     assert checkpoint.saved_settings(os.path.join(out, "final"))["judge_targets"] is True
     assert judge.shows_targets(os.path.join(out, "final"))
+    assert judge.trained_budget(os.path.join(out, "final")) == 600  # what judge.py --eval and dreams score it with
     trs = trans.load_transitions(DATA)
     assert [tok.decode(a) for _, a in judge.judge_samples(trs, [], tok)] == [
         ("yes" if t["success"] else "no") + "<|im_end|>" for t in trs]
