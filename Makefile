@@ -76,9 +76,9 @@ BC_COEF ?= 0
 WARMUP  ?= 0
 # more train.py flags for make real, e.g. REAL_EXTRA='--expert-draw random' (the --bc-coef draw before d9, rl-e17)
 REAL_EXTRA ?=
-# BC under bf16 autocast where the CPU has AVX-512 BF16 (slower than fp32 on AVX2-only CPUs): 900 s instead of 1,778 s
+# BC under bf16 autocast where the CPU has AVX-512 BF16 or AMX BF16 (policy.cpu_has_native_bf16's flags) (slower than fp32 on AVX2-only CPUs): 900 s instead of 1,778 s
 # on rl-e11's machine, 89.7% against 90.0% on the same 300 eval episodes (-0.3 points, -2.5 to +1.8; docs/speed.md)
-BC_BF16 ?= $(shell grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && echo 1 || echo 0)
+BC_BF16 ?= $(shell grep -qwE "avx512_bf16|amx_bf16" /proc/cpuinfo 2>/dev/null && echo 1 || echo 0)
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # wall seconds and peak memory of every step go to $(RUNS)/timings.txt (where GNU time exists)
