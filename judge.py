@@ -4,6 +4,8 @@
     python judge.py --eval runs/judge/final --data runs/wm_eval.jsonl      # accuracy and false positives on real episodes
     python judge.py --eval runs/judge/final --data runs/wm_eval.jsonl --imagined runs/wm/final/wm_eval_predictions.jsonl
         # the same on a world model's imagined next pages, paired against its done: line (docs/dreams.md)
+    python judge.py --compare A/judge_eval_wm_eval_predictions.jsonl B/judge_eval_wm_eval_predictions.jsonl
+        # two judges (or one at two budgets) paired on the same transitions: B - A
     python train.py --mode dream ... --dream-reward judge --judge runs/judge/final
 
 DynaWeb scores each imagined trajectory τ̂ with a model's judgement of whether it completed the task
@@ -322,6 +324,33 @@ def compare_with_done(judge_preds: list[dict], wm_preds: list[dict], threshold: 
             "no_false_positive": stats.paired({k: not done[k] for k in neg}, {k: not said[k] for k in neg})}
 
 
+def compare_judges(a_preds: list[dict], b_preds: list[dict], threshold: float = 0.5) -> dict:
+    """Two judges' verdicts (P(yes) > threshold) on the transitions both scored (evaluate_judge's
+    predictions, `judge.py --eval`'s <out>_predictions.jsonl, paired by task, seed, step and action).
+    Returns {"correct": stats.paired of right verdicts (B's gain over A), "no_false_positive":
+    stats.paired over the transitions that did not complete the task (a right `no`), "a", "b":
+    rates of each, and per task {task: stats.paired of right verdicts}}. Raises ValueError when the
+    two share no transition, or when one transition has two labels (different data files)."""
+    import stats
+
+    a = {transition_key(r): r for r in a_preds}
+    b = {transition_key(r): r for r in b_preds}
+    ks = [k for k in a if k in b]
+    if not ks:
+        raise ValueError("the two judges' predictions share no transition")
+    if any(bool(a[k]["label"]) != bool(b[k]["label"]) for k in ks):
+        raise ValueError("a transition has two labels: the predictions are of different data")
+    right = [{k: (p[k]["p_yes"] > threshold) == bool(p[k]["label"]) for k in ks} for p in (a, b)]
+    neg = [k for k in ks if not a[k]["label"]]
+    out = {"n": len(ks), "correct": stats.paired(*right),
+           "no_false_positive": stats.paired(*({k: p[k]["p_yes"] <= threshold for k in neg} for p in (a, b))),
+           **{name: rates([p[k]["p_yes"] > threshold for k in ks], [bool(p[k]["label"]) for k in ks])
+              for name, p in (("a", a), ("b", b))}}
+    out["by_task"] = {t: stats.paired(*({k: v for k, v in r.items() if k[0] == t} for r in right))
+                      for t in sorted({k[0] for k in ks})}
+    return out
+
+
 if __name__ == "__main__":
     import argparse
     import os
@@ -329,7 +358,9 @@ if __name__ == "__main__":
     from runlog import read_jsonl
 
     ap = argparse.ArgumentParser(description="Evaluate a trajectory judge on real outcomes.")
-    ap.add_argument("--eval", required=True, help="checkpoint folder of the judge (train.py --mode judge)")
+    ap.add_argument("--eval", default="", help="checkpoint folder of the judge (train.py --mode judge)")
+    ap.add_argument("--compare", nargs=2, metavar="PREDICTIONS", default=None,
+                    help="two --eval predictions files (A B): B's paired gain in right verdicts and in right `no`s")
     ap.add_argument("--data", default="runs/wm_eval.jsonl", help="real transitions (world_model.py --collect)")
     ap.add_argument("--trajectories", default="", help="comma-separated trajectory files (real or expert episodes)")
     ap.add_argument("--imagined", default="", help="a world model's predictions on --data (world_model.py --eval's "
@@ -342,6 +373,15 @@ if __name__ == "__main__":
                     "so evaluations on two data files do not overwrite each other); its per-transition P(yes) "
                     "beside it, <out>_predictions.jsonl")
     a = ap.parse_args()
+    if bool(a.eval) == bool(a.compare):
+        ap.error("give --eval CHECKPOINT or --compare A B")
+    if a.compare:
+        res = compare_judges(*(read_jsonl(p) for p in a.compare), threshold=a.threshold)
+        for name, r in [("right verdicts", res["correct"]), ("right no (false positives)", res["no_false_positive"])] + [
+                (t, r) for t, r in res["by_task"].items()]:
+            print(f"{name:28s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
+                  f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
+        raise SystemExit(0)
     a.max_tokens = a.max_tokens or trained_budget(a.eval)
     m, tok = policy.load_model(a.eval)
     trajs = [t for p in a.trajectories.split(",") if p for t in read_jsonl(p)]

@@ -255,3 +255,23 @@ def test_the_judge_and_done_are_compared_on_the_same_transitions():
     assert judge.compare_with_done(jp, wp, threshold=0.85)["judge"]["judge/false_positive_rate"] == 0.0
     with pytest.raises(ValueError, match="share no transition"):
         judge.compare_with_done(jp, [dict(w, seed=50) for w in wp])
+
+
+def test_two_judges_are_compared_on_the_transitions_both_scored():
+    def pred(task, seed, label, p):
+        return {"task": task, "seed": seed, "step": 0, "action": "click('12')", "label": label, "p_yes": p}
+    a = [pred("click-tab", 0, True, 0.9), pred("click-tab", 1, False, 0.8), pred("choose-list", 2, False, 0.2),
+         pred("choose-list", 3, True, 0.3), pred("choose-list", 4, False, 0.1)]
+    b = [pred("click-tab", 0, True, 0.9), pred("click-tab", 1, False, 0.1), pred("choose-list", 2, False, 0.7),
+         pred("choose-list", 3, True, 0.6)]  # seed 4 unscored: left out of the pairing
+    r = judge.compare_judges(a, b)
+    assert r["n"] == 4 and (r["correct"]["gained"], r["correct"]["lost"]) == (2, 1)  # seeds 1 and 3 gained, 2 lost
+    assert (r["no_false_positive"]["n"], r["no_false_positive"]["gained"], r["no_false_positive"]["lost"]) == (2, 1, 1)
+    assert r["a"]["judge/false_positive_rate"] == 0.5 and r["b"]["judge/false_positive_rate"] == 0.5
+    assert r["by_task"]["click-tab"]["gained"] == 1 and r["by_task"]["choose-list"]["lost"] == 1
+    c = judge.compare_judges(a, b, threshold=0.65)["correct"]
+    assert (c["gained"], c["lost"]) == (1, 1)  # B's 0.6 on seed 3 is a no at this threshold: no longer gained
+    with pytest.raises(ValueError, match="share no transition"):
+        judge.compare_judges(a, [pred("enter-text", 9, True, 0.5)])
+    with pytest.raises(ValueError, match="two labels"):
+        judge.compare_judges(a, [pred("click-tab", 0, False, 0.5)])
