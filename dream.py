@@ -221,7 +221,8 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
     import judge
 
     return judge.judge_dreams(judge_model, judge_tok, trajs, threshold=args.judge_threshold,
-                              max_tokens=judge.trained_budget(args.judge, args.max_prompt_tokens), bf16=bool(args.bf16) and device.type == "cuda",
+                              max_tokens=judge.trained_budget(args.judge, args.max_prompt_tokens),
+                              bf16=bool(args.bf16) and device.type == "cuda",
                               graded=args.dream_reward == "judge-p", targets=judge.shows_targets(args.judge))
 
 
