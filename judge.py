@@ -376,11 +376,12 @@ if __name__ == "__main__":
     if bool(a.eval) == bool(a.compare):
         ap.error("give --eval CHECKPOINT or --compare A B")
     if a.compare:
+        import stats
+
         res = compare_judges(*(read_jsonl(p) for p in a.compare), threshold=a.threshold)
-        for name, r in [("right verdicts", res["correct"]), ("right no (false positives)", res["no_false_positive"])] + [
-                (t, r) for t, r in res["by_task"].items()]:
-            print(f"{name:28s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
-                  f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
+        rows = {"right verdicts": res["correct"], "right no (false positives)": res["no_false_positive"], **res["by_task"]}
+        for name, r in rows.items():
+            print(stats.paired_line(name, r, width=28))
         raise SystemExit(0)
     a.max_tokens = a.max_tokens or trained_budget(a.eval)
     m, tok = policy.load_model(a.eval)

@@ -93,6 +93,13 @@ def paired(a: dict, b: dict, z: float = 1.96) -> dict:
             "p": mcnemar_exact(gained, lost)}
 
 
+def paired_line(name: str, r: dict, width: int = 24) -> str:
+    """One line of a paired comparison (paired's dict): `name n=... A ... B ... B-A ... (interval)
+    gained, lost, p`, as world_model.py --compare and judge.py --compare print it."""
+    return (f"{name:{width}s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
+            f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
+
+
 def outcomes(trajs: list[dict]) -> dict:
     """{(task, seed): success} of the episodes that did not end in env_error (for `paired`)."""
     return {(t["task"], t["seed"]): bool(t["success"]) for t in trajs if not t["env_error"]}

@@ -382,11 +382,11 @@ if __name__ == "__main__":
     if a.policy and not a.collect:
         ap.error("--policy chooses the actions of --collect; give --collect FILE too")
     if a.compare:
+        import stats
         import wm_eval
 
         for name, r in wm_eval.compare_predictions(*a.compare).items():
-            print(f"{name:24s} n={r['n']:4d}  A {r['a']:6.1%}  B {r['b']:6.1%}  B-A {r['diff']:+6.1%} "
-                  f"({r['ci95'][0]:+.1%} to {r['ci95'][1]:+.1%})  gained {r['gained']}, lost {r['lost']}, p = {r['p']:.2g}")
+            print(stats.paired_line(name, r))
     if a.collect:
         seeds = webenv.eval_seeds(a.seeds) if a.eval_seeds else webenv.train_seeds(a.seeds, a.seed_offset)
         policy_fn = checkpoint_policy(a.policy, temperature=a.temperature) if a.policy else None
