@@ -118,10 +118,14 @@ def test_fsdp_needs_torchrun(tok):
         train.build_model(args, torch.device("cpu"))
 
 
-def torchrun(args, timeout=240):
-    r = subprocess.run(TORCHRUN + args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+def run(cmd, timeout=240):
+    r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
+
+
+def torchrun(args, timeout=240):
+    return run(TORCHRUN + args, timeout)
 
 
 def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path, demos):
@@ -139,10 +143,8 @@ def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path, demos):
     assert [m["step"] for m in read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")] == [1, 2, 3, 4]
     # the same two runs in one process (the same global batches, whose resume test_train checks) end equal
     one = [sys.executable] + base
-    for args in (one + ["--out", str(tmp_path / "one")],
-                 one[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "one"), "--resume"]):
-        r = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run(one + ["--out", str(tmp_path / "one")])
+    run(one[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "one"), "--resume"])
     a, _ = policy.load_model(str(tmp_path / "fsdp" / "final"))
     b, _ = policy.load_model(str(tmp_path / "one" / "final"))
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
