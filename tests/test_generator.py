@@ -141,10 +141,13 @@ def test_fsdp_bc_on_two_processes_writes_a_loadable_checkpoint(tmp_path, demos):
     torchrun(base[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "fsdp"), "--fsdp",
                           "--resume"])
     assert [m["step"] for m in read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")] == [1, 2, 3, 4]
-    # the same two runs in one process (the same global batches, whose resume test_train checks) end equal
-    one = [sys.executable] + base
-    run(one + ["--out", str(tmp_path / "one")])
-    run(one[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "one"), "--resume"])
+    # the same two runs in one process (the same global batches, whose resume test_train checks) end equal;
+    # run in this process: no torchrun environment, so train.py takes its single-process path
+    import train
+
+    one = base[1:]
+    train.main(one + ["--out", str(tmp_path / "one")])
+    train.main(one[:-6] + ["--epochs", "2", "--lr", "1e-3", "--save-every", "1", "--out", str(tmp_path / "one"), "--resume"])
     a, _ = policy.load_model(str(tmp_path / "fsdp" / "final"))
     b, _ = policy.load_model(str(tmp_path / "one" / "final"))
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

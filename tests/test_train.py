@@ -138,12 +138,15 @@ def test_sigkill_mid_run_then_resume_ends_where_an_uninterrupted_run_would(tmp_p
 
     from safetensors.torch import load_file
 
+    import train
+
     def cmd(out):
         return [sys.executable, "train.py", "--mode", "bc", "--tiny", "--demos", demos, "--out", out, "--tasks",
                 "click-button", "--batch-size", "4", "--micro-batch", "2", "--save-every", "1", "--lr", "1e-3",
                 "--epochs", "5", "--keep-ckpts", "1"]
+    # only the killed run needs a process of its own; the others run in this one (train.main, argv after train.py)
     whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
-    run(cmd(whole))  # BC runs: every step logged once, the loss falls, the weights saved
+    train.main(cmd(whole)[2:])  # BC runs: every step logged once, the loss falls, the weights saved
     assert [m["step"] for m in metrics(whole)] == list(range(1, 11))
     assert metrics(whole)[-1]["loss/bc"] < metrics(whole)[0]["loss/bc"]
     assert 0.1 < metrics(whole)[-1]["perf/peak_rss_gib"] < 64  # the process's peak so far, in GiB (a model was loaded)
@@ -159,12 +162,12 @@ def test_sigkill_mid_run_then_resume_ends_where_an_uninterrupted_run_would(tmp_p
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = int(open(latest).read().strip()[5:])
     assert 3 <= killed_at < 10
-    run(cmd(cut) + ["--resume"])
+    train.main(cmd(cut)[2:] + ["--resume"])
     assert [m["step"] for m in metrics(cut)] == list(range(1, 11))  # each step logged once, none lost
     a = load_file(os.path.join(whole, "final", "model.safetensors"))
     b = load_file(os.path.join(cut, "final", "model.safetensors"))
     assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
-    run(cmd(cut)[:-4] + ["--epochs", "6", "--keep-ckpts", "1", "--resume"])  # a finished run extended: on from step 11
+    train.main(cmd(cut)[2:-4] + ["--epochs", "6", "--keep-ckpts", "1", "--resume"])  # a finished run extended: on from step 11
     assert [m["step"] for m in metrics(cut)] == list(range(1, 13))
 
 
