@@ -222,24 +222,23 @@ def test_an_advantage_key_overrides_the_group_advantage(tok):
 
 
 @pytest.mark.parametrize("expert_loss", ["nll", "gspo", "kl"])
-def test_dream_mode_end_to_end(tmp_path, tok, expert_loss, dream_inputs):
+def test_dream_mode_end_to_end(tmp_path, tok, expert_loss, dream_inputs, capfd):
     wm_dir, demos, _ = dream_inputs
     out = str(tmp_path / "dream")
-    r = subprocess.run([sys.executable, "train.py", "--mode", "dream", "--tiny", "--world-model", wm_dir,
-                        "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",
-                        "--iterations", "2", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
-                        "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "2", "--replay-samples", "1",
-                        "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"]
-                       # the gspo run also rewards its dreams with a (tiny, random) trajectory judge; the nll run
-                       # trains with M-GRPO and a KL penalty to its start (the reference model)
-                       + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
-                          # and first probes the start policy on real pages (dream.probe_tasks)
-                          ["--loss", "mgrpo", "--kl-coef", "0.1", "--probe-seeds", "1"] if expert_loss == "nll" else
-                          # kl: the reference model is built for the expert term alone, and the world model
-                          # is refit on the replay check's real transitions (wm_refit.py)
-                          ["--wm-refit-steps", "1", "--wm-refit-batch", "2"]),
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    train.main(["--mode", "dream", "--tiny", "--world-model", wm_dir,
+                "--transitions", DATA, "--demos", str(demos), "--tasks", "click-button,enter-text",
+                "--iterations", "2", "--groups-per-iter", "2", "--group-size", "2", "--dream-len", "2",
+                "--max-new-tokens", "6", "--num-envs", "2", "--replay-every", "2", "--replay-samples", "1",
+                "--real-ratio", "0.5", "--expert-loss", expert_loss, "--out", out, "--report-every", "2"]
+               # the gspo run also rewards its dreams with a (tiny, random) trajectory judge; the nll run
+               # trains with M-GRPO and a KL penalty to its start (the reference model)
+               + (["--dream-reward", "judge", "--judge", wm_dir] if expert_loss == "gspo" else
+                  # and first probes the start policy on real pages (dream.probe_tasks)
+                  ["--loss", "mgrpo", "--kl-coef", "0.1", "--probe-seeds", "1"] if expert_loss == "nll" else
+                  # kl: the reference model is built for the expert term alone, and the world model
+                  # is refit on the replay check's real transitions (wm_refit.py)
+                  ["--wm-refit-steps", "1", "--wm-refit-batch", "2"]))  # in this process: one start fewer
+    printed = "".join(capfd.readouterr())
     ms = read_jsonl(os.path.join(out, "metrics.jsonl"))
     probe_rows, ms = [x for x in ms if x["step"] == 0], [x for x in ms if x["step"] > 0]
     assert [x["step"] for x in ms] == [1, 2]
@@ -248,7 +247,7 @@ def test_dream_mode_end_to_end(tmp_path, tok, expert_loss, dream_inputs):
     assert 4 <= ms[-1]["dream/steps"] <= 8
     if expert_loss == "nll":  # the probe's 2 greedy episodes (one a task, neither solved) are real steps
         assert "probe/success/click-button" in probe_rows[0] and "probe/success/enter-text" in probe_rows[0]
-        assert 2 <= ms[0]["env/real_steps"] <= 12 and "dreams on click-button, enter-text" in r.stdout + r.stderr
+        assert 2 <= ms[0]["env/real_steps"] <= 12 and "dreams on click-button, enter-text" in printed
     else:
         assert not probe_rows and ms[0]["env/real_steps"] == 0
     assert ms[1]["env/real_steps"] > ms[0]["env/real_steps"]  # the replay check uses a browser
