@@ -86,7 +86,8 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
     Raises OSError (errno 28) on every rank, before writing, when out's disk lacks room for the
     checkpoint (`check_disk`; rank 0's reading of the free space is broadcast, so all ranks agree).
     A write that fails part-way (an error or an interrupt) removes its temp folder and re-raises; the
-    newest complete checkpoint and out/latest stay as they were.
+    newest complete checkpoint and out/latest stay as they were. Under several ranks rank 0's error is
+    broadcast: rank 0 re-raises it and every other rank raises RuntimeError naming it.
     """
     os.makedirs(out, exist_ok=True)
     free = [shutil.disk_usage(out).free]
@@ -104,6 +105,7 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
 
         weights = distributed.full_state_dict(model)
         opt_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    failed = None  # rank 0's write error, which every rank raises (none is left waiting at a barrier)
     if rank == 0:
         final = os.path.join(out, name)
         tmp, old = final + ".tmp", final + ".old"
@@ -118,9 +120,21 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
                 json.dump({"step": step, **(settings or {})}, f, indent=1)
             for sub, write in (companions or {}).items():
                 write(os.path.join(tmp, sub))
-        except BaseException:  # a failed write (full disk, Ctrl-C) leaves no half folder behind
+        except Exception as e:  # a failed write (full disk) leaves no half folder behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            failed = e
+        except BaseException:  # Ctrl-C reaches every rank itself: no broadcast
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    if world > 1:
+        said = [None if failed is None else f"{type(failed).__name__}: {failed}"]
+        dist.broadcast_object_list(said, src=0)
+        if rank != 0 and said[0] is not None:
+            raise RuntimeError(f"rank 0 failed to write checkpoint {name} in {out} ({said[0]}); nothing of it was "
+                               f"kept, the newest complete checkpoint (out/latest) is intact for --resume")
+    if failed is not None:
+        raise failed
+    if rank == 0:
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(final):
             os.replace(final, old)  # never a moment with neither the old nor the new folder

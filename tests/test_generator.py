@@ -209,6 +209,18 @@ if rank == 0:
     assert all(torch.allclose(sd[k], want[k], atol=1e-5) for k in want)
     assert not torch.allclose(want["model.norm.weight"], policy.tiny_model(tok).model.norm.weight)
 loss(model, data[0]).backward()  # outside full_params: plain FSDP again
+# a checkpoint write that fails on rank 0 (here its companion's) fails on every rank, none left at a barrier
+import checkpoint
+def broken(path):
+    raise OSError(5, "the disk went away")
+try:
+    checkpoint.save_checkpoint(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckpt"), "step-000001", model,
+                               tok, opt, 1, {}, 1, rank, world, companions={"sub": broken})
+    raise SystemExit(f"rank {rank}: a failed checkpoint write returned")
+except OSError as e:
+    assert rank == 0 and "the disk went away" in str(e), (rank, e)
+except RuntimeError as e:
+    assert rank == 1 and "rank 0 failed to write checkpoint step-000001" in str(e) and "the disk went away" in str(e), e
 dist.barrier()  # both ranks' reduce-scatters done before either tears the group down
 print("RL-CHECK-OK", rank, flush=True)
 # Teardown, made deterministic: the sharded model holds the process group (its mesh), so gloo's worker threads
