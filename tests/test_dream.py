@@ -26,7 +26,6 @@ import wm_eval  # noqa: E402
 from runlog import read_jsonl  # noqa: E402
 
 DATA = os.path.join(ROOT, "tests", "data", "transitions.jsonl")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
 
 
 @pytest.fixture(scope="module")
