@@ -95,6 +95,16 @@ def shows_targets(path: str | None) -> bool:
     return True if saved is None else bool(saved.get("judge_targets", False))
 
 
+def shown_pages(path: str | None) -> int | None:
+    """How many pages before the final one the judge checkpoint folder `path` was trained to see (its
+    webdream.json's judge_pages: train.py --mode judge --judge-pages; judge_prompt's pages_shown), None
+    (as many as fit the budget) for judges trained before the setting, the base model and --tiny."""
+    import checkpoint
+
+    saved = checkpoint.saved_settings(path)
+    return None if saved is None or saved.get("judge_pages") is None else int(saved["judge_pages"])
+
+
 def trained_budget(path: str | None, default: int = 1024) -> int:
     """The prompt budget, in tokens, the judge checkpoint folder `path` was trained with (its
     webdream.json's max_prompt_tokens: train.py --mode judge --max-prompt-tokens), `default` when it
@@ -110,8 +120,9 @@ def trained_budget(path: str | None, default: int = 1024) -> int:
 def judge_messages(goal: str, pages: list[str], actions: list[str], final: str | None, *, omit: int = 0,
                    final_lines: int | None = None, targets: bool = True) -> list[dict]:
     """Chat messages asking whether the actions completed the goal. The oldest `omit` pages are
-    shown as a placeholder (each action keeps its target line); final_lines: show only the first
-    lines of the final page; targets: each action followed by `on <line it acted on>` (action_target)."""
+    shown as a placeholder (each action keeps its target line: the target is read from the page
+    before it is omitted); final_lines: show only the first lines of the final page; targets: each
+    action followed by `on <line it acted on>` (action_target)."""
     parts = [f"Goal: {goal}"]
     for i, (page, action) in enumerate(zip(pages, actions)):
         line = action_target(page, action) if targets else None
@@ -124,12 +135,15 @@ def judge_messages(goal: str, pages: list[str], actions: list[str], final: str |
 
 
 def judge_prompt(tokenizer, goal: str, pages: list[str], actions: list[str], final: str | None,
-                 max_tokens: int = 1024, targets: bool = True) -> list[int]:
+                 max_tokens: int = 1024, targets: bool = True, pages_shown: int | None = None) -> list[int]:
     """Prompt ids for the judge (judge_messages; targets: show each action's target line), at most
     `max_tokens` long: the oldest pages omitted first, then the final page cut from its end, then (with
-    targets) the target lines dropped, the last resort for many actions on long lines. Raises
-    ValueError if even that does not fit."""
-    for omit in range(len(pages) + 1):
+    targets) the target lines dropped, the last resort for many actions on long lines. pages_shown: at
+    most this many of the latest pages before the final page are shown at all (0: the goal, every
+    action with its target line, and the final page; None: as many as fit). Raises ValueError if even
+    that does not fit."""
+    first = 0 if pages_shown is None else max(0, len(pages) - pages_shown)
+    for omit in range(first, len(pages) + 1):
         ids = compress.render(tokenizer, judge_messages(goal, pages, actions, final, omit=omit, targets=targets))
         if len(ids) <= max_tokens:
             return ids
@@ -141,7 +155,7 @@ def judge_prompt(tokenizer, goal: str, pages: list[str], actions: list[str], fin
         if len(ids) <= max_tokens:
             return ids
     if targets:
-        return judge_prompt(tokenizer, goal, pages, actions, final, max_tokens, targets=False)
+        return judge_prompt(tokenizer, goal, pages, actions, final, max_tokens, targets=False, pages_shown=pages_shown)
     raise ValueError(f"max_tokens={max_tokens} cannot hold the judge prompt of {len(pages)} actions")
 
 
@@ -171,22 +185,24 @@ def judge_scores(model, tokenizer, prompts: list[list[int]], *, batch_size: int 
 
 
 def judge_trajectories(model, tokenizer, trajs: list[dict], *, max_tokens: int = 1024, batch_size: int = 8,
-                       bf16: bool = False, targets: bool = True) -> list[float]:
-    """P(yes) for each trajectory record (trajectory_view, judge_prompt, judge_scores); targets: the
-    judge's format (shows_targets of its checkpoint)."""
-    prompts = [judge_prompt(tokenizer, *trajectory_view(t), max_tokens=max_tokens, targets=targets) for t in trajs]
+                       bf16: bool = False, targets: bool = True, pages_shown: int | None = None) -> list[float]:
+    """P(yes) for each trajectory record (trajectory_view, judge_prompt, judge_scores); targets and
+    pages_shown: the judge's format (shows_targets and shown_pages of its checkpoint)."""
+    prompts = [judge_prompt(tokenizer, *trajectory_view(t), max_tokens=max_tokens, targets=targets,
+                            pages_shown=pages_shown) for t in trajs]
     return judge_scores(model, tokenizer, prompts, batch_size=batch_size, bf16=bf16)
 
 
 def judge_dreams(model, tokenizer, trajs: list[dict], *, threshold: float = 0.5, max_tokens: int = 1024,
-                 batch_size: int = 8, bf16: bool = False, graded: bool = False, targets: bool = True) -> dict:
+                 batch_size: int = 8, bf16: bool = False, graded: bool = False, targets: bool = True,
+                 pages_shown: int | None = None) -> dict:
     """Reward the dreams with the judge, in place: each finished dream (no env_error, at least one
     turn) gets judge_p (P(yes)), done_success (the world model's `done: yes`, kept), and success
     from judge_p > threshold; its reward is that success (0 or 1), or with graded judge_p itself.
     Returns {judge/yes_share, judge/agree_with_done, judge/n, judge/mean_p}."""
     live = [t for t in trajs if not t["env_error"] and t["turns"]]
     ps = judge_trajectories(model, tokenizer, live, max_tokens=max_tokens, batch_size=batch_size, bf16=bf16,
-                            targets=targets)
+                            targets=targets, pages_shown=pages_shown)
     for t, p in zip(live, ps):
         t["done_success"] = bool(t.get("done_success", t["success"]))
         t["judge_p"] = p
@@ -260,11 +276,12 @@ def labelled_views(transitions: list[dict], trajectories: list[dict] = ()) -> li
 
 
 def judge_samples(transitions: list[dict], trajectories: list[dict], tokenizer,
-                  max_tokens: int = 1024) -> list[tuple[list[int], list[int]]]:
+                  max_tokens: int = 1024, pages_shown: int | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) for train.py --mode judge: the answer is `yes` or `no` then the
     end-of-turn id, the prompt judge_prompt's (compressed to max_tokens, never skipped; with each
-    action's target line, the format train.py records as judge_targets)."""
-    return [(judge_prompt(tokenizer, *view, max_tokens=max_tokens, targets=True),
+    action's target line, the format train.py records as judge_targets; pages_shown as judge_prompt's,
+    recorded as judge_pages)."""
+    return [(judge_prompt(tokenizer, *view, max_tokens=max_tokens, targets=True, pages_shown=pages_shown),
              compress.encode_reply(tokenizer, "yes" if label else "no"))
             for view, label in labelled_views(transitions, trajectories)]
 
@@ -282,18 +299,18 @@ def rates(pred: list[bool], labels: list[bool]) -> dict:
 
 def evaluate_judge(model, tokenizer, transitions: list[dict], trajectories: list[dict] = (), *,
                    imagined: dict | None = None, threshold: float = 0.5, max_tokens: int = 1024, batch_size: int = 8,
-                   predictions: list | None = None, targets: bool = True) -> dict:
+                   predictions: list | None = None, targets: bool = True, pages_shown: int | None = None) -> dict:
     """The judge on real outcomes (labelled_views): rates() at `threshold`. imagined: {key: predicted
     Δ} of a world model (transition_views): each transition's final page is the imagined one, and
     trajectories are not scored. `predictions`, a list, receives {task, seed, step, action, label,
     p_yes} for each scored transition, in order (trajectory prefixes have no key and are left out).
-    targets: the judge's format (shows_targets of its checkpoint)."""
+    targets and pages_shown: the judge's format (shows_targets and shown_pages of its checkpoint)."""
     keyed = transition_views(transitions, imagined)
     views = [(v, y) for _, v, y in keyed]
     if imagined is None:
         views += labelled_views([], trajectories)
-    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens, targets=targets)
-                                         for v, _ in views],
+    ps = judge_scores(model, tokenizer, [judge_prompt(tokenizer, *v, max_tokens=max_tokens, targets=targets,
+                                                      pages_shown=pages_shown) for v, _ in views],
                       batch_size=batch_size)
     if predictions is not None:
         predictions.extend({"task": k[0], "seed": k[1], "step": k[2], "action": k[3], "label": y, "p_yes": p}
@@ -390,12 +407,13 @@ if __name__ == "__main__":
     preds: list[dict] = []
     res = evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold, max_tokens=a.max_tokens,
                          imagined={transition_key(r): r["predicted"] for r in wm} if wm else None,
-                         predictions=preds, targets=shows_targets(a.eval))
+                         predictions=preds, targets=shows_targets(a.eval), pages_shown=shown_pages(a.eval))
     res["by_threshold"] = {th: rates([r["p_yes"] > th for r in preds], [r["label"] for r in preds])
                            for th in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99)}
     if wm:
         res["vs_done"] = compare_with_done(preds, wm, a.threshold)
-    res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold, max_tokens=a.max_tokens)
+    res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold, max_tokens=a.max_tokens,
+               pages_shown=shown_pages(a.eval))
     stem = os.path.splitext(os.path.basename(a.data))[0]
     out = a.out or os.path.join(a.eval, f"judge_eval_imagined_{stem}.json" if wm else f"judge_eval_{stem}.json")
     with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:

@@ -128,7 +128,8 @@ def judge_samples(path: str, tokenizer, args) -> list[tuple[list[int], list[int]
     trs = [t for t in read_jsonl(path) if t["task"] in args.tasks] if path else []
     files = [f for f in (args.judge_trajectories or "").split(",") if f]
     trajs = [t for f in files for t in read_jsonl(f) if t["task"] in args.tasks]
-    samples = judge.judge_samples(trs, trajs, tokenizer, max_tokens=args.max_prompt_tokens)
+    samples = judge.judge_samples(trs, trajs, tokenizer, max_tokens=args.max_prompt_tokens,
+                                  pages_shown=args.judge_pages)
     if not samples:
         raise ValueError(f"no usable episode for tasks {args.tasks} in --transitions {path!r} or "
                          f"--judge-trajectories {files}")

@@ -105,6 +105,10 @@ def parse_args(argv=None):
     g.add_argument("--transitions", default="runs/transitions.jsonl",
                    help="wm, judge, dream: real transitions (python world_model.py --collect); judge: '' to "
                         "learn from --judge-trajectories alone")
+    g.add_argument("--judge-pages", type=int, default=None,
+                   help="judge: show at most this many of the latest pages before the final page (0: the goal, each "
+                        "action with the line it acted on, the final page); default as many as fit "
+                        "--max-prompt-tokens. Recorded in webdream.json: the judge is scored in the view it learnt")
     g.add_argument("--judge-trajectories", default="",
                    help="judge: comma-separated trajectory files of real or expert episodes to learn outcomes from "
                         "too (e.g. runs/demos.jsonl), besides --transitions")
@@ -249,6 +253,9 @@ def parse_args(argv=None):
     rl = args.mode in ("real", "dream")
     if rl and args.group_size < 2:
         p.error("--group-size must be at least 2: a group of one has no advantage")
+    if args.judge_pages is not None and (args.mode != "judge" or args.judge_pages < 0):
+        p.error(f"--judge-pages {args.judge_pages}: a number of pages (>= 0), for --mode judge only (a judge's "
+                "view is read from its webdream.json where it is used)")
     if args.neg_adv_weight < 0:
         p.error("--neg-adv-weight must be >= 0")
     if rl and args.temperature <= 0:
@@ -334,6 +341,7 @@ def parse_args(argv=None):
                             "max_new_tokens": args.max_new_tokens}
     if args.mode == "judge":  # and the judge's view (judge.shows_targets reads it)
         args.prompt_settings["judge_targets"] = True
+        args.prompt_settings["judge_pages"] = args.judge_pages
     if args.mode == "wm":  # and the Δ format a world model learns (world_model.check_delta_format reads it)
         import world_model
 

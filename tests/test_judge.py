@@ -96,6 +96,32 @@ def test_the_budget_omits_the_oldest_pages_first_then_cuts_the_final_page(tok):
     assert len(ids) <= len(plain) + 10 and f"Action {n}: click('7')\nDid" in tok.decode(ids)
 
 
+def test_a_judge_shown_no_earlier_page_still_sees_every_action_on_its_line_and_the_final_page(tok, tmp_path, monkeypatch):
+    view = judge.trajectory_view(dream_record())
+    text = tok.decode(judge.judge_prompt(tok, *view, pages_shown=0))
+    assert (f"Page 1:\n{judge.OMITTED}\nAction 1: fill('14', 'Myron') on [14] textbox\n"
+            f"Page 2:\n{judge.OMITTED}\nAction 2: click('15') on [15] button 'Submit'\nFinal page:\n"
+            "URL: miniwob/enter-text.html\n[14] textbox value='Myron'\n[15] button 'Submit', focused\n"
+            "StaticText 'Sent (imagined)'\nDid the actions complete the goal?") in text
+    one = tok.decode(judge.judge_prompt(tok, *view, pages_shown=1))  # the latest page before the final one
+    assert f"Page 1:\n{judge.OMITTED}\nAction 1:" in one and "Page 2:\nURL: miniwob/enter-text.html\n[14] textbox value=" in one
+    assert judge.judge_prompt(tok, *view, pages_shown=2) == judge.judge_prompt(tok, *view)  # all fit: as many as fit
+    # the view a judge learnt is in its webdream.json; judges without it see as many pages as fit
+    assert judge.shown_pages(None) is None and judge.shown_pages(str(tmp_path)) is None
+    (tmp_path / "webdream.json").write_text(json.dumps({"step": 9, "judge_targets": True, "judge_pages": None}))
+    assert judge.shown_pages(str(tmp_path)) is None
+    (tmp_path / "webdream.json").write_text(json.dumps({"step": 9, "judge_targets": True, "judge_pages": 0}))
+    assert judge.shown_pages(str(tmp_path)) == 0
+    seen = []
+    monkeypatch.setattr(judge, "judge_scores", lambda m, t, prompts, **k: seen.extend(map(t.decode, prompts)) or [0.5])
+    args = train.parse_args(["--mode", "dream", "--world-model", ROOT, "--dream-reward", "judge", "--judge", str(tmp_path)])
+    dream.reward_dreams([dream_record()], object(), tok, args, policy.torch.device("cpu"))
+    assert seen == [text]  # the dream reward prompts it in that view
+    for bad in (["--mode", "judge", "--judge-pages", "-1"], ["--mode", "bc", "--judge-pages", "0"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+
+
 @pytest.mark.parametrize("answer, done_success, reward", [("yes", False, 1.0), ("no", True, 0.0), ("yes", True, 1.0)])
 def test_the_dream_reward_is_the_judges_verdict(tok, answer, done_success, reward):
     m = forced_model(tok, answer)
@@ -192,7 +218,7 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     out = str(tmp_path / "judge")
     train.main(["--mode", "judge", "--tiny", "--transitions", DATA, "--judge-trajectories", str(demos), "--out", out,
                 "--tasks", "click-tab-2,enter-text,click-checkboxes,click-button", "--batch-size", "4",
-                "--epochs", "0.4", "--micro-batch", "4", "--max-prompt-tokens", "600"])
+                "--epochs", "0.4", "--micro-batch", "4", "--max-prompt-tokens", "600", "--judge-pages", "1"])
     ms = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [m["step"] for m in ms] == [1, 2] and all(m["loss/judge"] > 0 for m in ms)  # 21 samples: 5 steps an epoch
     m, tok2 = policy.load_model(os.path.join(out, "final"))
@@ -201,6 +227,7 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     assert checkpoint.saved_settings(os.path.join(out, "final"))["judge_targets"] is True
     assert judge.shows_targets(os.path.join(out, "final"))
     assert judge.trained_budget(os.path.join(out, "final")) == 600  # what judge.py --eval and dreams score it with
+    assert judge.shown_pages(os.path.join(out, "final")) == 1
     trs = trans.load_transitions(DATA)
     assert [tok.decode(a) for _, a in judge.judge_samples(trs, [], tok)] == [
         ("yes" if t["success"] else "no") + "<|im_end|>" for t in trs]
@@ -214,7 +241,8 @@ def test_judge_data_from_labelled_dreams_alone(tmp_path, tok):
     import supervised
     dreams = tmp_path / "labelled.jsonl"
     dreams.write_text("".join(json.dumps(dict(dream_record(True), real_success=ok)) + "\n" for ok in (True, False)))
-    args = argparse.Namespace(tasks=["enter-text"], judge_trajectories=str(dreams), max_prompt_tokens=1024)
+    args = argparse.Namespace(tasks=["enter-text"], judge_trajectories=str(dreams), max_prompt_tokens=1024,
+                              judge_pages=None)
     assert [tok.decode(a) for _, a in supervised.judge_samples("", tok, args)] == ["yes<|im_end|>", "no<|im_end|>"]
     with pytest.raises(FileNotFoundError, match="--transitions ''"):
         supervised.judge_samples(str(tmp_path / "missing.jsonl"), tok, args)
