@@ -228,6 +228,9 @@ def test_train_mode_judge_learns_from_the_transitions(tmp_path, tok):
     assert judge.shows_targets(os.path.join(out, "final"))
     assert judge.trained_budget(os.path.join(out, "final")) == 600  # what judge.py --eval and dreams score it with
     assert judge.shown_pages(os.path.join(out, "final")) == 1
+    with pytest.raises(SystemExit):  # continuing it in another view is a parser error
+        train.parse_args(["--mode", "judge", "--init", os.path.join(out, "final"), "--judge-pages", "0"])
+    train.parse_args(["--mode", "judge", "--init", os.path.join(out, "final"), "--judge-pages", "1"])
     trs = trans.load_transitions(DATA)
     assert [tok.decode(a) for _, a in judge.judge_samples(trs, [], tok)] == [
         ("yes" if t["success"] else "no") + "<|im_end|>" for t in trs]
