@@ -223,8 +223,7 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
     return judge.judge_dreams(judge_model, judge_tok, trajs, threshold=args.judge_threshold,
                               max_tokens=judge.trained_budget(args.judge, args.max_prompt_tokens),
                               bf16=bool(args.bf16) and device.type == "cuda",
-                              graded=args.dream_reward == "judge-p", targets=judge.shows_targets(args.judge),
-                              pages_shown=judge.shown_pages(args.judge))
+                              graded=args.dream_reward == "judge-p", **judge.judge_view(args.judge))
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,

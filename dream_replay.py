@@ -159,9 +159,8 @@ if __name__ == "__main__":
 
         jm, jtok = policy.load_model(a.judge)
         budget = a.max_tokens or judge.trained_budget(a.judge)
-        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=budget,  # noqa: E731
-                                                        targets=judge.shows_targets(a.judge),
-                                                        pages_shown=judge.shown_pages(a.judge))
+        view = judge.judge_view(a.judge)
+        judge_p = lambda rows: judge.judge_trajectories(jm, jtok, rows, max_tokens=budget, **view)  # noqa: E731
     res = replay_dream_file(a.dreams, a.transitions, tasks=[t for t in a.tasks.split(",") if t] or None,
                             iterations=[int(i) for i in a.iterations.split(",") if i] or None, progress=True,
                             judge_p=judge_p, thresholds=tuple(float(t) for t in a.thresholds.split(",") if t),

@@ -105,6 +105,13 @@ def shown_pages(path: str | None) -> int | None:
     return None if saved is None or saved.get("judge_pages") is None else int(saved["judge_pages"])
 
 
+def judge_view(path: str | None) -> dict:
+    """The prompt format the judge checkpoint folder `path` learnt, as judge_prompt's keyword arguments
+    (and judge_trajectories', judge_dreams', evaluate_judge's): {targets: shows_targets(path),
+    pages_shown: shown_pages(path)}."""
+    return {"targets": shows_targets(path), "pages_shown": shown_pages(path)}
+
+
 def trained_budget(path: str | None, default: int = 1024) -> int:
     """The prompt budget, in tokens, the judge checkpoint folder `path` was trained with (its
     webdream.json's max_prompt_tokens: train.py --mode judge --max-prompt-tokens), `default` when it
@@ -405,15 +412,16 @@ if __name__ == "__main__":
     trajs = [t for p in a.trajectories.split(",") if p for t in read_jsonl(p)]
     wm = read_jsonl(a.imagined) if a.imagined else None
     preds: list[dict] = []
+    view = judge_view(a.eval)
     res = evaluate_judge(m, tok, read_jsonl(a.data), trajs, threshold=a.threshold, max_tokens=a.max_tokens,
                          imagined={transition_key(r): r["predicted"] for r in wm} if wm else None,
-                         predictions=preds, targets=shows_targets(a.eval), pages_shown=shown_pages(a.eval))
+                         predictions=preds, **view)
     res["by_threshold"] = {th: rates([r["p_yes"] > th for r in preds], [r["label"] for r in preds])
                            for th in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99)}
     if wm:
         res["vs_done"] = compare_with_done(preds, wm, a.threshold)
     res.update(data=a.data, checkpoint=a.eval, imagined=a.imagined, threshold=a.threshold, max_tokens=a.max_tokens,
-               pages_shown=shown_pages(a.eval))
+               pages_shown=view["pages_shown"])
     stem = os.path.splitext(os.path.basename(a.data))[0]
     out = a.out or os.path.join(a.eval, f"judge_eval_imagined_{stem}.json" if wm else f"judge_eval_{stem}.json")
     with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:

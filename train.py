@@ -345,8 +345,8 @@ def parse_args(argv=None):
         import judge
 
         saved = checkpoint.saved_settings(args.init) if args.init else None
-        if saved and "judge_targets" in saved and judge.shown_pages(args.init) != args.judge_pages:
-            p.error(f"--init {args.init} is a judge that learnt with --judge-pages {judge.shown_pages(args.init)}; "
+        if saved and "judge_targets" in saved and (learnt := judge.shown_pages(args.init)) != args.judge_pages:
+            p.error(f"--init {args.init} is a judge that learnt with --judge-pages {learnt}; "
                     f"continuing it with --judge-pages {args.judge_pages} would mix two views: pass the same")
     if args.mode == "wm":  # and the Δ format a world model learns (world_model.check_delta_format reads it)
         import world_model
