@@ -50,6 +50,9 @@ comma := ,
 ZERO_ITERS ?= 3
 RATIOS ?= 0,0.2,0.4,0.6,1
 LENS ?= 1,3,5,8
+# eval seeds per task per sweep point: 4 (28 episodes on the 7 tasks) detects no paired difference; 5 points at the
+# 5% discordance of the dream runs need about 155 paired episodes, 3 points 434 (python stats.py --discordant 0.05;
+# docs/dreams.md "How many episodes a sweep point needs"): SWEEP_SEEDS=30 for 210
 SWEEP_SEEDS ?= 4
 # the sweeps run on the tasks where BC leaves room to improve (5-30% after BC); SWEEP_TASKS= for all
 SWEEP_TASKS ?= click-button,click-link,click-dialog-2,click-tab,click-tab-2,click-checkboxes,click-option

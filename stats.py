@@ -3,6 +3,8 @@
     lo, hi = wilson(17, 20)                         # 95% interval of a success rate
     summary = summarise(trajectories, tasks)        # per task and overall, env_error left out
     p = paired(before, after)                       # the same (task, seed) episodes under two policies
+    n = paired_episodes_needed(0.03, 0.05)          # episodes to detect +3 points when 5% are discordant
+    python stats.py --discordant 0.05               # the same, as a table
 
 Two policies evaluated on the same eval episodes (eval.py uses fixed eval seeds) are compared
 pair by pair: an episode solved by one and not the other is a discordant pair; the difference of
@@ -103,3 +105,59 @@ def paired_line(name: str, r: dict, width: int = 24) -> str:
 def outcomes(trajs: list[dict]) -> dict:
     """{(task, seed): success} of the episodes that did not end in env_error (for `paired`)."""
     return {(t["task"], t["seed"]): bool(t["success"]) for t in trajs if not t["env_error"]}
+
+
+def paired_episodes_needed(diff: float, discordant: float, z_alpha: float = 1.96, z_power: float = 0.8416) -> int:
+    """Episodes a paired comparison needs so that McNemar's test at two-sided 5% (z_alpha) finds a true
+    difference `diff` of success rates with 80% power (z_power), when a share `discordant` of the
+    episodes are solved by exactly one of the two policies (Connor 1987's normal approximation):
+
+        n = (z_alpha * sqrt(psi) + z_power * sqrt(psi - diff^2))^2 / diff^2,   psi = discordant
+
+    diff and discordant are fractions (0.03 = 3 points). Read discordant off an earlier paired comparison
+    ((gained + lost) / n). Errors: ValueError unless 0 < |diff| <= discordant <= 1."""
+    d = abs(diff)
+    if not 0 < d <= discordant <= 1:
+        raise ValueError(f"need 0 < |diff| <= discordant <= 1, got diff {diff}, discordant {discordant}")
+    return math.ceil((z_alpha * math.sqrt(discordant) + z_power * math.sqrt(discordant - d * d)) ** 2 / (d * d))
+
+
+def paired_detectable(n: int, discordant: float, z_alpha: float = 1.96, z_power: float = 0.8416) -> float | None:
+    """The smallest difference of success rates (a fraction) that n paired episodes detect with
+    paired_episodes_needed's test and power at this discordant share: the inverse of
+    paired_episodes_needed, by bisection (to 1e-6). None when not even a difference as large as the
+    discordant share (every discordant pair a gain) is detectable. Errors: ValueError unless n >= 1
+    and 0 < discordant <= 1."""
+    if n < 1 or not 0 < discordant <= 1:
+        raise ValueError(f"need n >= 1 and 0 < discordant <= 1, got n {n}, discordant {discordant}")
+    lo, hi = 0.0, discordant
+    if paired_episodes_needed(hi, discordant, z_alpha, z_power) > n:
+        return None
+    while hi - lo > 1e-6:  # episodes needed fall as the difference grows
+        mid = (lo + hi) / 2
+        if mid > 0 and paired_episodes_needed(mid, discordant, z_alpha, z_power) <= n:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="how many paired eval episodes a comparison needs (McNemar, 5%, 80% power)")
+    ap.add_argument("--discordant", type=float, required=True,
+                    help="share of episodes solved by exactly one policy, from an earlier comparison: (gained + lost) / n")
+    ap.add_argument("--diff", type=float, nargs="*", default=[0.02, 0.03, 0.05, 0.10],
+                    help="true differences of success (fractions) to size for")
+    ap.add_argument("--episodes", type=int, nargs="*", default=[28, 140, 300],
+                    help="episode counts whose smallest detectable difference to print")
+    a = ap.parse_args()
+    for d in a.diff:
+        if d <= a.discordant:
+            print(f"difference {d:+.1%}: {paired_episodes_needed(d, a.discordant)} episodes")
+        else:
+            print(f"difference {d:+.1%}: larger than the discordant share {a.discordant:.1%}, impossible")
+    for n in a.episodes:
+        d = paired_detectable(n, a.discordant)
+        print(f"{n} episodes: " + ("no difference detectable" if d is None else f"detect {d:+.1%} or more"))

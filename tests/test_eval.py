@@ -154,3 +154,28 @@ def test_compare_pools_replicates_pairing_each_with_its_own(tmp_path, capsys):
     with pytest.raises(SystemExit):  # a trailing comma is no folder
         webeval.main(["--compare", f"BC={bc0},", f"RL={rl0},"])
     assert "an empty folder name" in capsys.readouterr().err
+
+
+def test_paired_episodes_needed_by_hand_and_its_inverse():
+    # Connor 1987: (1.96 sqrt(.05) + 0.8416 sqrt(.05 - .03^2))^2 / .03^2 = 433.7
+    assert stats.paired_episodes_needed(0.03, 0.05) == 434
+    assert stats.paired_episodes_needed(-0.03, 0.05) == 434
+    assert stats.paired_episodes_needed(0.05, 0.15) == 469
+    d = stats.paired_detectable(434, 0.05)
+    assert 0.029 < d <= 0.0301
+    assert stats.paired_episodes_needed(d, 0.05) <= 434 < stats.paired_episodes_needed(d - 1e-4, 0.05)
+    assert stats.paired_detectable(140, 0.05) is None  # fewer than even an all-gain split needs
+    for bad in [(0.0, 0.05), (0.06, 0.05), (0.03, 1.5)]:
+        with pytest.raises(ValueError):
+            stats.paired_episodes_needed(*bad)
+    with pytest.raises(ValueError):
+        stats.paired_detectable(0, 0.05)
+
+
+def test_paired_episodes_needed_gives_about_80_percent_power_to_the_exact_mcnemar_test():
+    rng = np.random.default_rng(0)
+    n, psi, diff = stats.paired_episodes_needed(0.05, 0.15), 0.15, 0.05
+    # each episode: gained with (psi + diff) / 2, lost with (psi - diff) / 2, else concordant
+    draws = rng.multinomial(n, [(psi + diff) / 2, (psi - diff) / 2, 1 - psi], size=2000)
+    power = np.mean([stats.mcnemar_exact(int(g), int(l)) < 0.05 and g > l for g, l, _ in draws])
+    assert 0.7 < power < 0.9, power
