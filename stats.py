@@ -153,6 +153,8 @@ if __name__ == "__main__":
     ap.add_argument("--episodes", type=int, nargs="*", default=[28, 140, 300],
                     help="episode counts whose smallest detectable difference to print")
     a = ap.parse_args()
+    if not 0 < a.discordant <= 1 or any(d <= 0 for d in a.diff) or any(n < 1 for n in a.episodes):
+        ap.error("need 0 < --discordant <= 1, every --diff above 0 and every --episodes at least 1")
     for d in a.diff:
         if d <= a.discordant:
             print(f"difference {d:+.1%}: {paired_episodes_needed(d, a.discordant)} episodes")
