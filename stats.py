@@ -135,7 +135,7 @@ def paired_detectable(n: int, discordant: float, z_alpha: float = 1.96, z_power:
         return None
     while hi - lo > 1e-6:  # episodes needed fall as the difference grows
         mid = (lo + hi) / 2
-        if mid > 0 and paired_episodes_needed(mid, discordant, z_alpha, z_power) <= n:
+        if paired_episodes_needed(mid, discordant, z_alpha, z_power) <= n:
             hi = mid
         else:
             lo = mid
