@@ -43,7 +43,8 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     logp, old_logp, mask: (M, L); traj_index: (M,) local trajectory ids 0..K-1 of each sample;
     advantages: (K,) one per local trajectory; num_traj: N, trajectories in the whole batch
     (so that micro-batch losses add up to the batch loss). Returns (loss, stats) with the mean
-    sequence ratio and the clip fraction over the local trajectories, as floats.
+    sequence ratio and the clip fraction over the local trajectories (those whose min() takes the clipped
+    term: s > 1 + clip_high with A > 0, s < 1 - clip_low with A < 0), as floats.
     """
     K = advantages.shape[0]
     log_s = sequence_log_ratio(logp, old_logp, mask, traj_index, K).clamp(-20.0, 20.0)  # (K,)
@@ -52,6 +53,8 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     surr = torch.minimum(s * A, s.clamp(1 - clip_low, 1 + clip_high) * A)  # (K,)
     loss = -surr.sum() / max(1, num_traj)
     with torch.no_grad():
-        clipped = ((s < 1 - clip_low) | (s > 1 + clip_high)).float()
+        # trajectories whose min() takes the clipped term (no gradient): s above 1 + eps_high with A > 0,
+        # below 1 - eps_low with A < 0 (as mgrpo_loss counts tokens)
+        clipped = (((s > 1 + clip_high) & (A > 0)) | ((s < 1 - clip_low) & (A < 0))).float()  # (K,)
         stats = {"ratio": float(s.mean()) if K else 1.0, "clip_frac": float(clipped.mean()) if K else 0.0, "n": K}
     return loss, stats

@@ -114,7 +114,8 @@ def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     k3 = exp(d) - d - 1 with d = log pi_ref - log pi grows exponentially once a token falls below the
     reference, and its gradient, 1 - exp(d) per unit of log pi, with it; one such token can outweigh
     the rest of the batch after gradient clipping. A capped token carries no KL gradient.
-    Returns (scalar loss, stats) where stats hold weighted means of the ratio, the clip fraction
+    Returns (scalar loss, stats) where stats hold weighted means of the ratio, the clip fraction (the
+    tokens whose min() takes the clipped term: ratio > 1 + clip_high with A > 0, < 1 - clip_low with A < 0)
     and the KL (uncapped: what the policy's distance is), and the share of tokens capped, as floats.
     """
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # a masked garbage position must not overflow
@@ -131,7 +132,10 @@ def mgrpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     loss = (per_token * weights).sum()
     with torch.no_grad():
         wsum = weights.sum().clamp(min=1e-12)
-        clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+        # clipped: tokens whose min() takes the clipped term, so they carry no gradient (ratio above
+        # 1 + eps_high with A > 0, below 1 - eps_low with A < 0); a ratio outside the range on the
+        # other side of 1 keeps its gradient and is not counted (TRL #3032)
+        clipped = (((ratio > 1 + clip_high) & (A > 0)) | ((ratio < 1 - clip_low) & (A < 0))).float()  # (M, L)
         stats = {"ratio": float((ratio * weights).sum() / wsum), "clip_frac": float((clipped * weights).sum() / wsum),
                  "kl": float((kl * weights).sum() / wsum), "weight": float(weights.sum()),
                  "kl_capped": float(((kl > kl_clip).float() * weights).sum() / wsum) if kl_clip > 0 else 0.0}

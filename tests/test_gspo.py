@@ -67,4 +67,18 @@ def test_asymmetric_clip_bounds_by_hand():
         assert abs(loss.item() + sum(surr) / 4) < 1e-6, (a, loss.item())
         grad = [[0.0 if abs(x) in (0.9, 1.3) else -x / 4] for x in surr]  # d(-s A / N)/d log s = -s A / N unclipped
         assert torch.allclose(logp.grad, torch.tensor(grad), atol=1e-6), (a, logp.grad)
-        assert s["clip_frac"] == 0.5
+        # counted: the trajectories the min() clipped (zero gradient), one of the four on each sign
+        assert s["clip_frac"] == 0.25
+        assert s["clip_frac"] == float((logp.grad == 0).float().mean())
+
+
+def test_clip_frac_counts_only_trajectories_the_clip_takes():
+    # sequence ratio 0.5 with A = +1 and 1.5 with A = -1 lie outside the range but keep their
+    # gradient (min() takes the unclipped term): not counted; 1.5 with A = +1 and 0.5 with A = -1 are
+    logp = torch.log(torch.tensor([[0.5], [1.5], [1.5], [0.5]]))
+    _, s = gspo.gspo_loss(logp, torch.zeros(4, 1), torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.ones(4, 1),
+                          torch.arange(4), num_traj=4)
+    assert s["clip_frac"] == 0.5
+    _, s = gspo.gspo_loss(logp[:2], torch.zeros(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2, 1),
+                          torch.arange(2), num_traj=2)
+    assert s["clip_frac"] == 0.0

@@ -145,4 +145,22 @@ def test_asymmetric_clip_bounds_by_hand():
         # d(-rho A w)/d logp = -rho A w where the surrogate is unclipped, 0 where it is clipped
         grad = [0.0 if abs(x) in (0.9, 1.3) else -x * 0.25 for x in surr]
         assert torch.allclose(logp.grad[0], torch.tensor(grad, dtype=torch.float64), atol=1e-12), (a, logp.grad)
-        assert s["clip_frac"] == 0.5
+        # the clip fraction counts the tokens the min() clipped (zero gradient), not every ratio outside
+        # the range: one of the four on each sign (TRL #3032)
+        assert s["clip_frac"] == 0.25
+        assert s["clip_frac"] == float((logp.grad[0] == 0).double().mean())
+
+
+def test_clip_frac_counts_only_tokens_the_clip_takes():
+    # the case: ratio 0.5 with A = +1 is outside [0.8, 1.2] but min(0.5, 0.8) = 0.5 is the
+    # unclipped term, so the token keeps its gradient and is not clipped; ratio 1.5 with A = -1 likewise
+    # (min(-1.5, -1.2) = -1.5). A = 0 tokens are never clipped. Ratio 1.5 with A = +1 and 0.5 with
+    # A = -1 are.
+    w = torch.full((1, 1), 1.0)
+    for ratio, a, clipped in ((0.5, 1.0, 0.0), (1.5, -1.0, 0.0), (1.5, 0.0, 0.0), (0.5, 0.0, 0.0),
+                              (1.5, 1.0, 1.0), (0.5, -1.0, 1.0), (1.1, 1.0, 0.0)):
+        logp = torch.log(torch.tensor([[ratio]])).requires_grad_()
+        loss, s = mgrpo.mgrpo_loss(logp, torch.zeros(1, 1), torch.tensor([a]), w)
+        loss.backward()
+        assert s["clip_frac"] == clipped, (ratio, a, s["clip_frac"])
+        assert (float(logp.grad[0, 0]) == 0.0) == (clipped == 1.0 or a == 0.0), (ratio, a, logp.grad)
