@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import scipy.stats
 
 
 def wilson(successes, n, z: float = 1.96):
@@ -65,13 +66,18 @@ def summarise(trajs: list[dict], tasks: list[str]) -> dict:
 
 def mcnemar_exact(gained: int, lost: int) -> float:
     """Two-sided exact McNemar p-value: the chance, with discordant pairs split 50/50, of a split at
-    least as uneven as gained vs lost (binomial, capped at 1). 1.0 with no discordant pair."""
+    least as uneven as gained vs lost: 2 P(X <= min(gained, lost)), X ~ Binomial(gained + lost, 1/2),
+    capped at 1. 1.0 with no discordant pair.
+
+    The binomial tail comes from scipy's regularised incomplete beta function (relative error about
+    1e-14 at any n, in microseconds): summing comb(n, i) / 2**n in floats overflows past n = 1,023
+    discordant pairs, which pooled eval repeats reach. Errors: ValueError for a negative count."""
+    if gained < 0 or lost < 0:
+        raise ValueError(f"discordant counts must be >= 0, got gained={gained}, lost={lost}")
     n = gained + lost
     if n == 0:
         return 1.0
-    k = min(gained, lost)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
-    return min(1.0, 2.0 * tail)
+    return min(1.0, 2.0 * float(scipy.stats.binom.cdf(min(gained, lost), n, 0.5)))
 
 
 def paired(a: dict, b: dict, z: float = 1.96) -> dict:

@@ -129,6 +129,28 @@ def test_compare_prints_the_paired_difference(tmp_path, capsys):
     assert "| RL | 10 | 4 | 0 | +40.0 points (+9.6 to +70.4) | 0.125 |" in out
 
 
+def test_mcnemar_exact_at_any_number_of_discordant_pairs(tmp_path, capsys):
+    import json
+    import math
+    from fractions import Fraction
+
+    # past 1,023 discordant pairs comb(n, k) / 2.0 ** n overflowed; the p-value is checked against the
+    # same sum in exact rational arithmetic
+    for gained, lost in ((1100, 1000), (700, 1300), (5000, 4800)):
+        n, k = gained + lost, min(gained, lost)
+        exact = float(min(Fraction(1), Fraction(2 * sum(math.comb(n, i) for i in range(k + 1)), 2 ** n)))
+        assert abs(stats.mcnemar_exact(gained, lost) - exact) <= 1e-12 * exact, (gained, lost)
+    assert stats.mcnemar_exact(600, 600) == 1.0 and 0.0 <= stats.mcnemar_exact(10 ** 7, 10 ** 7 - 10 ** 5) < 1e-6
+    # eval.py --compare on 3,000 pooled episodes, 1,200 gained and 900 lost: no OverflowError
+    for name, wins in (("bc", range(900)), ("rl", range(900, 2100))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trajectories.jsonl").write_text("".join(
+            json.dumps({"task": "x", "seed": s, "success": s in wins, "env_error": False, "steps": 1}) + "\n"
+            for s in range(3000)))
+    webeval.main(["--compare", f"BC={tmp_path / 'bc'}", f"RL={tmp_path / 'rl'}"])
+    assert "| RL | 3000 | 1200 | 900 | +10.0 points" in capsys.readouterr().out
+
+
 def test_compare_pools_replicates_pairing_each_with_its_own(tmp_path, capsys):
     import json
 
