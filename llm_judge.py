@@ -27,6 +27,7 @@ neither a success nor a failure. A reply that says neither verdict is scored 0 b
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import time
@@ -79,6 +80,37 @@ def describe() -> str:
     return f"{base_url(os.environ[URL_VAR])} ({os.environ.get(MODEL_VAR) or 'the first model it serves'})"
 
 
+def is_loopback(url: str) -> bool:
+    """Whether `url`'s host is this machine's loopback: localhost (and its subdomains), 127.0.0.0/8, ::1."""
+    host = (urllib.parse.urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "127.0.0.0/8")  # no_proxy entries (the CIDR is read by requests)
+
+
+def direct_loopback(environ=os.environ) -> None:
+    """Add the loopback names to no_proxy and NO_PROXY (keeping what they list), so that HTTP clients this
+    process does not own (libwebarena's evaluators call the WebArena sites' REST APIs with `requests`) reach
+    a site or server on this machine directly, whatever http_proxy the cluster sets."""
+    for var in ("no_proxy", "NO_PROXY"):
+        have = [h.strip() for h in environ.get(var, "").split(",") if h.strip()]
+        environ[var] = ",".join(have + [h for h in LOOPBACK_NAMES if h not in have])
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """An opener for `url`: a loopback endpoint directly (an http_proxy set for the cluster, common on GPU
+    nodes, would otherwise receive every request to a judge on 127.0.0.1 when no_proxy does not list it);
+    any other host through the environment's proxies, as urllib does by default."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}) if is_loopback(url)
+                                       else urllib.request.ProxyHandler())
+
+
 def _request(url: str, body: dict | None = None) -> dict:
     """One JSON request (POST with a body, else GET), retried RETRIES times. Errors: JudgeError."""
     headers = {"Content-Type": "application/json"}
@@ -88,8 +120,7 @@ def _request(url: str, body: dict | None = None) -> dict:
     last = None
     for attempt in range(RETRIES + 1):
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers),
-                                        timeout=TIMEOUT_S) as r:
+            with _opener(url).open(urllib.request.Request(url, data=data, headers=headers), timeout=TIMEOUT_S) as r:
                 return json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
             last = f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"

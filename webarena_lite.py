@@ -224,6 +224,7 @@ def load() -> dict:
             return _loaded
         for var, url in site_urls().items():
             os.environ[var[3:]] = url
+        llm_judge.direct_loopback()  # the evaluators' REST calls (requests) to sites on this machine skip http_proxy
         for pkg in ("browsergym.webarena", "browsergym.webarenalite"):  # their __init__ downloads punkt_tab
             _unexecuted_package(pkg)
         _package_dir("webarena")

@@ -316,6 +316,46 @@ def test_a_judged_answer_goes_to_the_judge_and_is_never_scored_without_one(e, si
     assert info["env_error"] and "judge" in info["error"] and not info["success"]
 
 
+def test_a_loopback_judge_is_reached_directly_whatever_proxy_is_set(monkeypatch):
+    # http_proxy set for the cluster and no no_proxy: a judge on 127.0.0.1, localhost or ::1's name goes
+    # straight to it; a remote judge still goes through the proxy (here a second fake endpoint that
+    # answers every request it is sent, absolute URL in the request line)
+    judge, proxy = FakeJudge(lambda prompt: "from the judge"), FakeJudge(lambda prompt: "from the proxy")
+    try:
+        for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(var, proxy.url.removesuffix("/v1"))
+        for var in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(var, raising=False)
+        port = judge.url.split(":")[-1].split("/")[0]
+        msgs = [{"role": "user", "content": "is it right?"}]
+        for url in (judge.url, f"http://localhost:{port}/v1"):
+            monkeypatch.setenv(llm_judge.URL_VAR, url)
+            monkeypatch.setenv(llm_judge.MODEL_VAR, "m")
+            assert llm_judge.chat_completion("m", msgs, 0, 8) == "from the judge", url
+        assert len(judge.asked) == 2 and proxy.asked == []
+        monkeypatch.setenv(llm_judge.URL_VAR, "http://judge.example:8000/v1")
+        assert llm_judge.chat_completion("m", msgs, 0, 8) == "from the proxy"
+        assert proxy.asked[-1]["path"] == "http://judge.example:8000/v1/chat/completions"
+        # clients the project does not own (libwebarena's evaluators use requests) once no_proxy lists loopback
+        import requests
+
+        env = {"no_proxy": "example.org"}
+        llm_judge.direct_loopback(env)
+        assert env["no_proxy"].startswith("example.org,localhost,127.0.0.1") and env["NO_PROXY"].startswith("localhost")
+        monkeypatch.setenv("no_proxy", env["no_proxy"])
+        body = {"model": "m", "messages": msgs}
+        for url in (judge.url, f"http://localhost:{port}/v1"):
+            reply = requests.post(url + "/chat/completions", json=body, timeout=10).json()
+            assert reply["choices"][0]["message"]["content"] == "from the judge", url
+        assert len(judge.asked) == 4 and len(proxy.asked) == 1
+        assert [llm_judge.is_loopback(u) for u in ("http://127.0.0.2:1", "http://[::1]:8000", "http://LOCALHOST./v1",
+                                                   "http://10.0.0.1", "http://localhost.example")] == [
+            True, True, True, False, False]
+    finally:
+        judge.stop()
+        proxy.stop()
+
+
 def test_judge_urls():
     assert llm_judge.base_url("http://h:8000") == "http://h:8000/v1"
     assert llm_judge.base_url("https://h/api/v1/") == "https://h/api/v1"
