@@ -138,7 +138,7 @@ def write_long_dreams(path: str, n: int = 8, turns: int = 6) -> None:
         obs, action = page(), f"click('{100 + rng.randint(0, 30)}')"
         return {"observation": obs, "response": action, "action": action, "error": ""}
 
-    with open(path, "w") as f:
+    with runlog.open_text(path, "w") as f:
         for d in range(n):
             f.write(json.dumps({"task": "click-tab-2", "seed": d, "source": "dream", "goal": t["goal"], "reward": 1.0,
                                 "env_error": False, "iteration": 1, "group": 0, "turns": [turn() for _ in range(turns)],
@@ -326,9 +326,9 @@ def main():
         rows = bench_training(a.train_mode, a.data, a.judge_trajectories, a.train_steps, a.batch_size)
         md += [f"| {r['mode']} | {r['samples']} | {r['prompt_tokens']} | {r['micro_batch']} | {r['grad_ckpt']} | "
                f"{r['step_s']} | {r['peak_rss_mb']} |" for r in rows]
-        with open(os.path.join(a.out, "training.json"), "w") as f:
+        with runlog.open_text(os.path.join(a.out, "training.json"), "w") as f:
             json.dump(rows, f, indent=1)
-        with open(os.path.join(a.out, "training.md"), "w") as f:
+        with runlog.open_text(os.path.join(a.out, "training.md"), "w") as f:
             f.write("\n".join(md) + "\n")
         print("\n".join(md))
         return
@@ -409,9 +409,9 @@ def main():
                          if f else f"- | - | {r['env_error']} |"))
         md += ["", f"env only: the scripted expert's actions, {env_rows[0]['episodes']} episodes per row"
                f" (tasks {a.tasks}, max {a.max_steps} steps); rollout: the policy, sampled, as in the rollout part.", ""]
-    with open(os.path.join(a.out, "bench.json"), "w") as f:
+    with runlog.open_text(os.path.join(a.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=1)
-    with open(os.path.join(a.out, "bench.md"), "w") as f:
+    with runlog.open_text(os.path.join(a.out, "bench.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import distributed
+import runlog
 
 
 def rng_state() -> dict:
@@ -116,7 +117,7 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
             # under --fsdp the optimizer state is keyed by parameter name (torch.distributed.checkpoint's full form)
             torch.save({"optimizer": optimizer.state_dict() if weights is None else opt_state, "step": step,
                         "extra": extra, "rng": rngs}, os.path.join(tmp, "trainer_state.pt"))
-            with open(os.path.join(tmp, "webdream.json"), "w") as f:
+            with runlog.open_text(os.path.join(tmp, "webdream.json"), "w") as f:
                 json.dump({"step": step, **(settings or {})}, f, indent=1)
             for sub, write in (companions or {}).items():
                 write(os.path.join(tmp, sub))
@@ -139,7 +140,7 @@ def save_checkpoint(out: str, name: str, model, tokenizer, optimizer, step: int,
         if os.path.exists(final):
             os.replace(final, old)  # never a moment with neither the old nor the new folder
         os.replace(tmp, final)
-        with open(os.path.join(out, "latest.tmp"), "w") as f:
+        with runlog.open_text(os.path.join(out, "latest.tmp"), "w") as f:
             f.write(name)
         os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
         shutil.rmtree(old, ignore_errors=True)

@@ -32,6 +32,7 @@ import json
 import os
 import re
 
+import runlog
 from report import read_metrics
 
 REWARD_KEYS = ("rollout/reward", "rollout/success")
@@ -202,9 +203,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     paths = plot(runs, args.out)
     md = table(runs)
-    with open(os.path.join(args.out, "curves.md"), "w") as fh:
+    with runlog.open_text(os.path.join(args.out, "curves.md"), "w") as fh:
         fh.write(md)
-    with open(os.path.join(args.out, "curves.json"), "w") as fh:
+    with runlog.open_text(os.path.join(args.out, "curves.json"), "w") as fh:
         json.dump(runs, fh, indent=1)
     print(md + "wrote " + ", ".join(paths + [os.path.join(args.out, n) for n in ("curves.md", "curves.json")]))
     return runs

@@ -19,6 +19,7 @@ import sys
 import torch
 
 import compress
+import runlog
 import world_model as wm
 from delta import predicted_done
 
@@ -152,7 +153,7 @@ if __name__ == "__main__":
     if any(t["success"] for t in data) and not all(t["success"] for t in data):
         print(f"AUC {auc(data, p):.3f} (P(yes) of a completion above a failure's)")
     if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
+        with runlog.open_text(a.out, "w") as f:
             json.dump({"by_threshold": table, "p_yes": [{"task": t["task"], "seed": t["seed"], "step": t["step"],
                                                          "action": t["action"], "success": bool(t["success"]), "p_yes": x,
                                                          "greedy_yes": g}

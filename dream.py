@@ -34,7 +34,7 @@ import trajectory_metrics
 import transitions
 import update
 import wm_refit
-from runlog import read_jsonl, truncate_jsonl
+from runlog import open_text, read_jsonl, truncate_jsonl
 
 
 def dream_batch(args, it: int, rank: int, world: int, demos: list[dict],
@@ -375,7 +375,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                     train, trajs, rstats, jstats = collect_dreams(args, it, rank, jobs, gen, tok, pool, dream_tasks,
                                                                   judge_model, judge_tok, device)
                 os.makedirs(args.out, exist_ok=True)
-                with open(dreams_path, "a") as f:
+                with open_text(dreams_path, "a") as f:
                     for k, t in enumerate(trajs):
                         f.write(json.dumps(dream_record(t, it + 1, k // args.group_size)) + "\n")
                 lstats = dream_update(model, opt, tok, train, real, args, cfg, device, world,
@@ -390,7 +390,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             if refit is not None and args.replay_every and (it + 1) % args.replay_every == 0:  # every rank together
                 new = [x for r in replays for x in r.pop("real_transitions")]
                 os.makedirs(args.out, exist_ok=True)
-                with open(refit_path, "a") as f:
+                with open_text(refit_path, "a") as f:
                     for x in new:
                         f.write(json.dumps(x) + "\n")
                 with world_model._PREDICT_LOCK:  # no Δ is being generated between rollouts; held to be sure
@@ -414,7 +414,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             m.update({"env/real_steps": real_steps, "dream/steps": dream_steps, "perf/iter_s": time.time() - t0})
             logger.log(m, it)
             if rank == 0 and replays:
-                with open(replays_path, "a") as f:
+                with open_text(replays_path, "a") as f:
                     for r in replays:
                         f.write(json.dumps(r) + "\n")
             bar.update(1)

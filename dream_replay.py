@@ -22,7 +22,7 @@ from tqdm import tqdm
 import env as webenv
 import policy
 import transitions
-from runlog import read_jsonl
+from runlog import open_text, read_jsonl
 
 
 def replay_dream_file(path: str | list[str], transitions_path: str, *, tasks: list[str] | None = None,
@@ -176,11 +176,11 @@ if __name__ == "__main__":
                   f"{c['true_positive']} | {c['false_positive']} | {c['false_negative']} | {prec} | {rec} | "
                   f"{rank} of {c['ranked_pairs']} |")
     if a.out:
-        with open(a.out, "w") as f:
+        with open_text(a.out, "w") as f:
             json.dump(res, f, indent=1)
-        with open(os.path.splitext(a.out)[0] + "_dreams.jsonl", "w") as f:
+        with open_text(os.path.splitext(a.out)[0] + "_dreams.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
     if a.labelled:
-        with open(a.labelled, "w") as f:
+        with open_text(a.labelled, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in labelled)
     print(json.dumps(res))

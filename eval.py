@@ -44,7 +44,7 @@ import llm_judge
 import policy
 import stats
 from rollout import EnvPool, rollout
-from runlog import read_jsonl
+from runlog import open_text, read_jsonl
 
 
 def _pct(x, fmt: str = ".0%") -> str:
@@ -235,11 +235,11 @@ def main(argv=None):
              if args.benchmark == "miniwob" else
              f"{summary['model']}: WebArena-Lite, {len(sel.tasks)} tasks once each, max {args.max_steps} steps")
     md = markdown(summary, title) + (f"\n{sel.note()}\n" if sel.skipped else "")
-    with open(os.path.join(out, "results.md"), "w") as f:
+    with open_text(os.path.join(out, "results.md"), "w") as f:
         f.write(md)
-    with open(os.path.join(out, "results.json"), "w") as f:
+    with open_text(os.path.join(out, "results.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    with open(os.path.join(out, "trajectories.jsonl"), "w") as f:
+    with open_text(os.path.join(out, "trajectories.jsonl"), "w") as f:
         for t in trajs:
             f.write(json.dumps(t) + "\n")
     print(md)

@@ -25,6 +25,7 @@ import time
 from actions import parse_action
 from axtree import Node, read_tree
 from env import SUITE, Obs, WebEnv, train_seeds, eval_seeds
+import runlog
 from records import new_trajectory
 
 # ----------------------------------------------------------------------------------------------
@@ -319,7 +320,7 @@ def collect_demos(tasks: list[str], seeds_per_task: int, path: str, max_steps: i
 
     counts = {}
     bar = tqdm(total=len(tasks) * seeds_per_task, disable=not progress, desc="demos")
-    with open(path, "a") as f:
+    with runlog.open_text(path, "a") as f:
         for task in tasks:
             c = counts[task] = {"episodes": 0, "success": 0, "env_error": 0}
             env = WebEnv(task, max_steps=max_steps)

@@ -29,7 +29,7 @@ import compress
 import generators
 import policy
 import update
-from runlog import read_jsonl
+from runlog import open_text, read_jsonl
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -164,7 +164,7 @@ def main(argv=None):
     res["generation"] = generation(model, tok, [p for p, _ in pairs[:16]], groups=(1, 4) if a.cpu else (1, 8, 32),
                                    max_new_tokens=8 if a.cpu else 64, bf16=not a.cpu)
     res["update"] = rl_update(model, tok, pairs, device, group_size=2 if a.cpu else 8)
-    with open(os.path.join(a.out, "gpu_check.json"), "w") as f:
+    with open_text(os.path.join(a.out, "gpu_check.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = [f"GPU check on {res['gpu']} (torch {res['torch']}, transformers {res['transformers']})", "",
           f"BC (bf16): {res['bc'].get('steps')} steps, {res['bc'].get('tokens_per_s', 0):.0f} tokens/s, "
@@ -178,7 +178,7 @@ def main(argv=None):
            f"optimizer steps in {u['s']:.2f} s, {u['sample_tokens_per_s']:.0f} tokens/s, peak {u['peak_gb']:.1f} GB",
            f"padding: a {p['short_prompt_tokens']}-token prompt's reply log-probs alone vs left-padded beside a "
            f"{p['long_prompt_tokens']}-token prompt: max |diff| fp32 {p['max_abs_diff_fp32']:.2e}, bf16 {p['max_abs_diff_bf16']:.2e}"]
-    with open(os.path.join(a.out, "gpu_check.md"), "w") as f:
+    with open_text(os.path.join(a.out, "gpu_check.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
 

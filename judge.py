@@ -40,6 +40,7 @@ import torch
 
 import compress
 import policy
+import runlog
 from env import Obs
 from transitions import episodes_of, transition_key
 
@@ -424,9 +425,9 @@ if __name__ == "__main__":
                pages_shown=view["pages_shown"])
     stem = os.path.splitext(os.path.basename(a.data))[0]
     out = a.out or os.path.join(a.eval, f"judge_eval_imagined_{stem}.json" if wm else f"judge_eval_{stem}.json")
-    with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:
+    with runlog.open_text(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in preds)
-    with open(out, "w") as f:
+    with runlog.open_text(out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))
     print(f"wrote {out}")

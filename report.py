@@ -30,7 +30,7 @@ import sys
 from collections import OrderedDict
 
 import stats
-from runlog import read_jsonl
+from runlog import open_text, read_jsonl
 
 # train.py's headline metrics, plotted first (any other numeric key follows, in file order)
 CURVE_KEYS = ["rollout/reward", "rollout/success", "loss/policy", "loss/clip_frac", "loss/kl", "loss/bc", "loss/wm"]
@@ -372,7 +372,7 @@ def write_report(out_dir: str, trajectories: list[dict], summary: dict | None = 
            "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
     path = os.path.join(out_dir, "report.html")
-    with open(path, "w", encoding="utf-8") as f:
+    with open_text(path, "w") as f:
         f.write(doc)
     return path
 

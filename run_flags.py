@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+import runlog
+
 
 # Flags that a resumed run may change (how long, how often, on what machinery); the others define the run.
 # (--epochs: a BC or WM run continued for more passes; its linear decay is then over the new length.)
@@ -75,8 +77,8 @@ def record_start(args, argv) -> None:
     and append this start to out/args-history.jsonl: {time (Unix s), argv, resume, overrides, flags}."""
     first = os.path.join(args.out, "args.json")
     if not (args.resume and os.path.exists(first)):  # a resumed run keeps its first start's flags
-        with open(first, "w") as f:
+        with runlog.open_text(first, "w") as f:
             json.dump(args.flags, f, indent=1)
-    with open(os.path.join(args.out, "args-history.jsonl"), "a") as f:
+    with runlog.open_text(os.path.join(args.out, "args-history.jsonl"), "a") as f:
         f.write(json.dumps({"time": time.time(), "argv": list(argv), "resume": args.resume,
                             "overrides": args.overrides, "flags": args.flags}) + "\n")

@@ -14,6 +14,7 @@ skips such a line with a warning; a broken line anywhere else is an error that n
 """
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
@@ -21,6 +22,21 @@ import resource
 import time
 
 logger = logging.getLogger(__name__)
+
+# Text the project writes may hold what a page or a model produced, lone surrogates included (a page's
+# broken UTF-16, a decoded reply): encoded strictly they raise UnicodeEncodeError and lose the file. Each
+# becomes U+FFFD instead, as axtree.clean_text does where page text enters.
+# (The handler returns UTF-8 bytes: CPython's UTF-8 encoder refuses a non-ASCII str as a replacement.)
+codecs.register_error("webdream.fffd", lambda e: ("\ufffd".encode() * (e.end - e.start), e.end))
+
+
+def open_text(path: str, mode: str = "w"):
+    """`open(path, mode)` for a text file the project writes ("w" or "a"): UTF-8 whatever the locale, and
+    text that UTF-8 cannot encode (a lone surrogate) written as U+FFFD instead of raising. Every report,
+    result, log, record and trajectory file goes through it (tests/test_report.py checks the sources)."""
+    if mode not in ("w", "a", "x"):
+        raise ValueError(f"open_text writes text: mode 'w', 'a' or 'x', got {mode!r}")
+    return open(path, mode, encoding="utf-8", errors="webdream.fffd")
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -55,7 +71,7 @@ def truncate_jsonl(path: str, key: str, last) -> None:
 def write_jsonl(path: str, records: list[dict]) -> None:
     """Replace `path` by the records, one JSON line each, atomically (a temp file, then rename)."""
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open_text(tmp, "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
     os.replace(tmp, path)
@@ -77,7 +93,7 @@ class Logger:
         # purge_step: events at or after it, written by the interrupted run, are dropped
         self.tb = SummaryWriter(os.path.join(out, "tb"),
                                 purge_step=resume_step + 1 if resume_step is not None else None)
-        self.jsonl = open(path, "a")
+        self.jsonl = open_text(path, "a")
 
     def log(self, metrics: dict, step: int) -> None:
         if not self.enabled:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from runlog import read_jsonl
+from runlog import open_text, read_jsonl
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,7 +43,7 @@ def run_point(args, value: str, extra: list[str]) -> dict:
         with open(results) as f:
             r = json.load(f)
         r["train_seconds"] = t_train
-        with open(results, "w") as f:
+        with open_text(results, "w") as f:
             json.dump(r, f, indent=1)
     with open(results) as f:
         r = json.load(f)
@@ -110,9 +110,9 @@ def main(argv=None):
     if base:
         lines.append(f"| start ({args.init}) | {base['success']:.1%} | {base['ci95'][0]:.0%}-{base['ci95'][1]:.0%} | "
                      f"{base['n']} | | | |")
-    with open(os.path.join(args.out, "sweep.md"), "w") as f:
+    with open_text(os.path.join(args.out, "sweep.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "sweep.json"), "w") as f:
+    with open_text(os.path.join(args.out, "sweep.json"), "w") as f:
         json.dump({"param": args.param, "rows": rows, "baseline": base, "command": cmd}, f, indent=1)
 
     import matplotlib

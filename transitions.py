@@ -21,7 +21,7 @@ from collections import Counter
 from axtree import read_tree
 from delta import as_state, diff, done_status
 from env import Obs
-from runlog import read_jsonl
+from runlog import open_text, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def collect_transitions(tasks: list[str], seeds: list[int], path: str, *, policy
     counts = Counter()
     bar = tqdm(total=len(tasks) * len(seeds), disable=not progress, desc="transitions")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as f:
+    with open_text(path, "a") as f:
         for task in tasks:
             env = WebEnv(task, max_steps=max_steps, hidden=True, action_timeout_ms=COLLECT_ACTION_TIMEOUT_MS)
             try:

@@ -20,6 +20,7 @@ import os
 import time
 from collections import Counter
 
+import runlog
 from delta import apply, delta_lines, predicted_done, tree_lines
 from transitions import delta_label, episodes_of, load_transitions, transition_key
 from world_model import check_delta_format, predict_delta
@@ -160,14 +161,14 @@ def evaluate_checkpoint(path: str, data: str, tasks: list[str], drift_k: int = 5
     one = evaluate_world_model(m, tok, rows, by_task=True, progress=True, predictions=preds)
     print(json.dumps(one, indent=1), flush=True)
     out = out or os.path.join(path, "wm_eval.json")
-    with open(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:  # one line per transition, for reading errors
+    with runlog.open_text(os.path.splitext(out)[0] + "_predictions.jsonl", "w") as f:  # one line per transition, for reading errors
         for t, d in zip(rows, preds):
             same, bad = next_page_match(t, d)
             f.write(json.dumps({"task": t["task"], "seed": t["seed"], "step": t["step"], "action": t["action"],
                                 "label": delta_label(t), "predicted": d, "bad_lines": bad, "exact": same}) + "\n")
     res = {"by_task": one.pop("by_task"), "one_step": one, "drift": drift(m, tok, rows, drift_k, progress=True),
            "data": data, "checkpoint": path, "seconds": time.time() - t0}
-    with open(out, "w") as f:
+    with runlog.open_text(out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({"one_step": res["one_step"], "drift": res["drift"]}, indent=1))
     print(f"wrote {out}")

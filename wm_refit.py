@@ -29,6 +29,7 @@ import shutil
 import torch
 
 import distributed
+import runlog
 import supervised
 import world_model
 from delta import diff, done_status
@@ -146,7 +147,7 @@ def save_refit(path: str, model, tokenizer, source: str, iteration: int) -> None
     tokenizer.save_pretrained(path)
     if os.path.exists(os.path.join(source, "webdream.json")):
         shutil.copy(os.path.join(source, "webdream.json"), path)
-    with open(os.path.join(path, "refit.json"), "w") as f:
+    with runlog.open_text(os.path.join(path, "refit.json"), "w") as f:
         json.dump({"iteration": iteration, "source": source}, f)
 
 

@@ -13,6 +13,7 @@ import env as webenv
 import experts
 import policy
 import report
+import runlog
 import generators
 from rollout import EnvPool, rollout
 
@@ -88,6 +89,45 @@ def test_report_from_synthetic_records(tmp_path):
     shown = report.select_episodes(trajs, 3)
     assert [(t["task"], t["seed"]) for t in shown] == [("click-button", 2), ("click-link", 5), ("enter-text", 3)]
     assert len(_sections(open(report.write_report(str(tmp_path / "r2"), trajs, max_episodes=2)).read())) == 2
+
+
+BROKEN = "caf\udce9 \ud83d"  # lone surrogates: text a page's broken UTF-16 or a model's reply can hold
+
+
+def test_files_written_survive_any_text(tmp_path, capsys):
+    # a goal, a reply, an action, an error and a page holding lone surrogates: the report, the
+    # trajectories, the metrics log and eval.py --report's files are written, as valid UTF-8 with U+FFFD
+    t = _synthetic()[1]
+    t = dict(t, goal=f"Click {BROKEN}", error=BROKEN,
+             turns=[_turn(f"Goal: {BROKEN}\n[13] button '{BROKEN}'", f"<think>{BROKEN}</think>click('13')",
+                          f"click('{BROKEN}')", f"ValueError: {BROKEN}")])
+    path = report.write_report(str(tmp_path / "rep"), [t], title=f"run {BROKEN}")
+    text = open(path, encoding="utf-8").read()  # strict UTF-8: raises on anything the writer let through
+    assert "caf\ufffd" in text and "\udce9" not in text
+    runlog.write_jsonl(str(tmp_path / "trajectories.jsonl"), [t])
+    assert runlog.read_jsonl(str(tmp_path / "trajectories.jsonl"))[0]["goal"] == t["goal"]  # JSON keeps the text
+    with runlog.open_text(str(tmp_path / "results.md")) as f:
+        f.write(f"| {BROKEN} |\n")
+    assert open(tmp_path / "results.md", encoding="utf-8").read() == "| caf\ufffd \ufffd |\n"
+    # the report command on those trajectories (what eval.py --report and report.py do)
+    report.main([str(tmp_path / "trajectories.jsonl"), "--out", str(tmp_path / "rep2"), "--title", BROKEN])
+    assert "caf\ufffd" in open(tmp_path / "rep2" / "report.html", encoding="utf-8").read()
+
+
+def test_every_text_file_is_written_through_open_text():
+    # the kind, not the one file: a module that opens a text file for writing with plain open() would
+    # raise on the first lone surrogate (binary "wb" files and reads are fine)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    plain = re.compile(r"""\bopen\((?:[^()]|\([^()]*\))*,\s*(?:mode=)?["'][wax]\+?["']""")
+    found = []
+    for dirpath, _, names in os.walk(root):
+        if any(part.startswith(".") or part in ("tests", "runs", "__pycache__") for part in dirpath[len(root):].split(os.sep)):
+            continue
+        for name in names:
+            if name.endswith(".py"):
+                src = open(os.path.join(dirpath, name), encoding="utf-8").read()
+                found += [f"{name}: {m.group(0)}" for m in plain.finditer(src)]
+    assert found == []
 
 
 def _open_in_chromium(html_path, png_path):
