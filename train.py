@@ -278,12 +278,6 @@ def parse_args(argv=None):
         p.error(f"--wm-refit-batch must be at least 2 (half replayed, half --transitions), got {args.wm_refit_batch}")
     if args.dream_max_stage is not None and args.dream_max_stage < 0:
         p.error(f"--dream-max-stage must be at least 0, got {args.dream_max_stage}")
-    if args.mode == "dream" and args.real_ratio < 1.0 and not os.path.isdir(args.world_model):
-        p.error(f"--world-model {args.world_model}: no such checkpoint folder; train one with "
-                "`python train.py --mode wm --transitions runs/transitions.jsonl --out runs/wm`")
-    if args.mode == "dream" and args.dream_reward != "done" and args.real_ratio < 1.0 and not os.path.isdir(args.judge):
-        p.error(f"--judge {args.judge}: no such checkpoint folder; train one with `python train.py --mode judge "
-                "--transitions runs/transitions.jsonl --out runs/judge`")
     if args.loss is None:
         args.loss = "gspo" if args.mode == "dream" else "mgrpo"
     for name in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "batch_size", "max_steps"):
@@ -320,8 +314,7 @@ def parse_args(argv=None):
     if args.reward != "success" and (args.mode != "real" or not args.think):
         p.error(f"--reward {args.reward} applies to --mode real with --think (it reads each reply's thought), "
                 f"got --mode {args.mode}{'' if args.think else ' without --think'}")
-    if args.init and not os.path.isdir(args.init):
-        p.error(f"--init {args.init}: no such checkpoint folder")
+    _check_paths(p, args)
     if args.lr is None:
         args.lr = (1e-5 if rl else 1e-4) * (10 if args.lora_rank else 1)
     if args.clip_low is None:
@@ -359,6 +352,34 @@ def parse_args(argv=None):
             except ValueError as e:
                 p.error(str(e))
     return args
+
+
+def _check_paths(p: argparse.ArgumentParser, args) -> None:
+    """Every model and data path the run will read, checked before anything is written (args.json) or
+    loaded: a parser error naming the flag, never a traceback from transformers or a missing file halfway
+    through. Models: policy.model_path_error (a local folder holding a model, or a hub id the hub can
+    serve). Data files: only those the mode reads."""
+    dreams = args.mode == "dream" and args.real_ratio < 1.0
+    models = [("--init", args.init)] if args.init else [("--model", args.model)]
+    if dreams:
+        models.append(("--world-model", args.world_model))
+        if args.dream_reward != "done":
+            models.append(("--judge", args.judge))
+    hints = {"--world-model": "; train one with `python train.py --mode wm --out runs/wm`",
+             "--judge": "; train one with `python train.py --mode judge --out runs/judge`"}
+    for flag, path in models:
+        if (err := policy.model_path_error(path, flag)) is not None:
+            p.error(err + (hints.get(flag, "") if not os.path.exists(path) else ""))
+    files = []
+    if args.mode == "bc" or (args.mode == "real" and args.bc_coef) or (args.mode == "dream" and args.real_ratio > 0):
+        files.append(("--demos", args.demos, "python experts.py --out runs/demos.jsonl"))
+    if args.mode in ("wm", "judge") or dreams:
+        files.append(("--transitions", args.transitions, "python world_model.py --collect runs/transitions.jsonl"))
+    if args.mode == "judge":
+        files += [("--judge-trajectories", f, None) for f in (args.judge_trajectories or "").split(",") if f]
+    for flag, path, make in files:
+        if not os.path.isfile(path):
+            p.error(f"{flag} {path}: no such file" + (f"; write it with `{make}`" if make else ""))
 
 
 def _least_budget(model: str, prompt: compress.PromptSettings) -> int | None:

@@ -180,7 +180,7 @@ def torch_equal(x, y):
 @pytest.mark.parametrize("argv,message", [
     (["--mode", "real", "--tasks", "click-buton"], "unknown task"),
     (["--mode", "real", "--group-size", "1"], "--group-size must be at least 2"),
-    (["--mode", "real", "--init", "/nonexistent/ckpt"], "no such checkpoint folder"),
+    (["--mode", "real", "--init", "/nonexistent/ckpt"], "--init /nonexistent/ckpt: no such model folder"),
     (["--mode", "real", "--temperature", "0"], "--temperature must be > 0"),
     (["--mode", "bc", "--micro-batch", "0"], "--micro-batch must be at least 1"),
     (["--mode", "real", "--loss", "gspo", "--kl-coef", "0.1"], "GSPO has no KL"),
@@ -217,17 +217,67 @@ def test_eval_rejects_a_missing_checkpoint(capsys):
 
     with pytest.raises(SystemExit):
         webeval.main(["--ckpt", "/nonexistent/ckpt"])
-    assert "no such checkpoint folder" in capsys.readouterr().err
+    assert "--ckpt /nonexistent/ckpt: no such model folder" in capsys.readouterr().err
 
 
-def test_missing_demos_file_names_the_command_that_writes_it(tmp_path):
-    import policy
-    import supervised
+def _paths(tmp_path):
+    """A model folder, a folder that is no model, a data file and a missing path, for the path checks."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "data.jsonl").write_text("")
+    return {"model": str(tmp_path / "model"), "empty": str(tmp_path / "empty"), "file": str(tmp_path / "data.jsonl"),
+            "none": str(tmp_path / "none")}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mode", "real", "--model", "{none}"], "--model {none}: no such model folder"),
+    (["--mode", "real", "--model", "{empty}"], "--model {empty}: a folder, but not a model"),
+    (["--mode", "real", "--model", "{file}"], "--model {file}: a file; a model is a folder"),
+    (["--mode", "real", "--model", "someone/not-cached-model"], "not in the hub cache while HF_HUB_OFFLINE=1"),
+    (["--mode", "real", "--init", "{none}"], "--init {none}: no such model folder"),
+    (["--mode", "real", "--init", "{empty}"], "--init {empty}: a folder, but not a model"),
+    (["--mode", "bc", "--demos", "{none}"], "--demos {none}: no such file; write it with `python experts.py"),
+    (["--mode", "bc", "--demos", "{empty}"], "--demos {empty}: no such file"),
+    (["--mode", "real", "--bc-coef", "1", "--demos", "{none}"], "--demos {none}: no such file"),
+    (["--mode", "wm", "--transitions", "{none}"], "--transitions {none}: no such file; write it with `python world_model.py"),
+    (["--mode", "judge", "--transitions", "{file}", "--judge-trajectories", "{file},{none}"],
+     "--judge-trajectories {none}: no such file"),
+    (["--mode", "dream", "--world-model", "{empty}", "--demos", "{file}", "--transitions", "{file}"],
+     "--world-model {empty}: a folder, but not a model"),
+    (["--mode", "dream", "--world-model", "{model}", "--dream-reward", "judge", "--judge", "{none}", "--demos", "{file}",
+      "--transitions", "{file}"],
+     "--judge {none}: no such model folder; train one with `python train.py --mode judge"),
+    (["--mode", "dream", "--world-model", "{model}", "--judge", "{model}", "--demos", "{none}", "--transitions", "{file}"],
+     "--demos {none}: no such file"),
+    (["--mode", "dream", "--world-model", "{model}", "--judge", "{model}", "--demos", "{file}", "--transitions", "{none}"],
+     "--transitions {none}: no such file"),
+])
+def test_a_bad_path_is_a_parser_error_before_anything_is_written(argv, message, tmp_path, capsys):
+    # a missing or wrong model folder or data file: exit 2 with the flag named, before args.json or any
+    # other file is written (main parses first), never a traceback from transformers mid-run
     import train
 
-    args = train.parse_args(["--mode", "bc", "--demos", str(tmp_path / "none.jsonl")])
-    with pytest.raises(FileNotFoundError, match="python experts.py"):
-        supervised.bc_samples(args.demos, policy.load_tokenizer(), args)
+    paths = _paths(tmp_path)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        train.main([a.format(**paths) for a in argv] + ["--out", str(out)])
+    assert e.value.code == 2 and message.format(**paths) in capsys.readouterr().err
+    assert not out.exists()
+    # the paths the mode does not read are not checked: a real run without --bc-coef needs no demos
+    assert train.parse_args(["--mode", "real", "--demos", paths["none"], "--model", paths["model"]]).demos == paths["none"]
+
+
+def test_eval_rejects_a_model_that_is_not_one(tmp_path, capsys):
+    import eval as webeval
+
+    paths = _paths(tmp_path)
+    for argv, message in ((["--model", paths["none"]], f"--model {paths['none']}: no such model folder"),
+                          (["--ckpt", paths["empty"]], f"--ckpt {paths['empty']}: a folder, but not a model")):
+        with pytest.raises(SystemExit):
+            webeval.main(argv + ["--out", str(tmp_path / "eval")])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
 
 
 def test_think_format_puts_a_grounded_thought_before_each_expert_action(demos):
