@@ -234,6 +234,14 @@ def reduce_sharded_grads(model) -> None:
         m.reshard()
 
 
+def regather_full(model) -> None:
+    """Inside `full_params`, after an optimizer step that was skipped (update.StepGuard): gather the full
+    weights again, which `reduce_sharded_grads` dropped and the optimizer's post-step hook did not
+    gather back. Collective under FSDP; a no-op otherwise."""
+    if holds_full(model):
+        _gather(model)
+
+
 def full_state_dict(model) -> dict:
     """The full model state dict on CPU, on rank 0 (empty elsewhere). Collective under FSDP."""
     if not is_sharded(model):

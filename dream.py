@@ -227,12 +227,14 @@ def reward_dreams(trajs: list[dict], judge_model, judge_tok, args, device) -> di
 
 
 def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg: update.UpdateConfig, device,
-                 world: int, seed: int, ref=None, rolled: list[dict] | None = None, planned: int | None = None) -> dict:
+                 world: int, seed: int, ref=None, rolled: list[dict] | None = None, planned: int | None = None,
+                 guard: update.StepGuard | None = None) -> dict:
     """One policy update on this rank's imagined trajectories plus its real expert trajectories.
     rolled: every dream rolled out this iteration (default `trajs`; more under --dynamic-sampling),
     over which the logged dream reward (rollout/reward) is taken. planned: this rank's dream slots in
     the batch (len(jobs); default the dreams in `trajs` without env_error): the experts' share below
     counts them, so that dynamic sampling, which may keep fewer groups, leaves it at the real ratio.
+    guard: the run's update.StepGuard (policy_update's), which skips a step with a non-finite gradient or loss.
 
     How real expert trajectories enter the loss. Default (--expert-loss nll): a likelihood term
     weighted by their share of the batch, loss = (1 - share) * L_gspo + share * L_nll. An expert
@@ -267,7 +269,7 @@ def dream_update(model, opt, tok, trajs: list[dict], real: list[dict], args, cfg
     stats = update.policy_update(model, opt, tok, trajs + expert_trajs, cfg, device, world, ref=ref, nll=nll,
                                  nll_coef=expert_share if args.expert_loss != "gspo" else 0.0,
                                  rl_scale=1.0 - expert_share if args.expert_loss != "gspo" else 1.0, seed=seed,
-                                 nll_ref=ref if args.expert_loss == "kl" else None)
+                                 nll_ref=ref if args.expert_loss == "kl" else None, guard=guard)
     # the dream reward: dreams only (every one rolled out), whatever the loss does with the expert trajectories
     stats["rollout/reward"] = live_reward / max(1.0, n_live)
     stats.update({"dream/trajectories": n_live, "dream/real_trajectories": n_real, "dream/real_share": expert_share})
@@ -279,7 +281,8 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
     """--mode dream from iteration `it` (0, or the resumed checkpoint's; `extra` its counters) to
     args.iterations. Reads the dream-mode flags (real_ratio, dream_len, world_model, transitions,
     demos, expert_loss, replay_every, replay_samples) and the RL ones (groups_per_iter, group_size,
-    num_envs, step_timeout, temperature, max_new_tokens, prompt settings, save_every, keep_ckpts) and
+    num_envs, step_timeout, temperature, max_new_tokens, prompt settings, save_every, keep_ckpts,
+    max_skipped_steps: update.StepGuard for the policy's steps and the world-model refit's) and
     the reward's (dream_reward, judge, judge_threshold): with --dream-reward judge each finished dream
     is rewarded by the trajectory judge (judge.judge_dreams), the world model's `done:` only ends it."""
     import world_model
@@ -318,7 +321,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
             refit = wm_refit.WorldModelRefit(
                 wm, wm_tok, [t for t in read_jsonl(args.transitions) if t["task"] in args.tasks], lr=args.wm_refit_lr,
                 batch_size=args.wm_refit_batch, micro_batch=args.micro_batch, max_tokens=args.max_prompt_tokens,
-                bf16=bool(args.bf16), seed=args.seed * 31 + it + rank, world=world)
+                bf16=bool(args.bf16), seed=args.seed * 31 + it + rank, world=world, max_skipped=args.max_skipped_steps)
             truncate_jsonl(refit_path, "iteration", it)  # a log: lines past a resumed iteration are redone
         wm.eval().requires_grad_(False)
         # one Δ server: the steps of every waiting dream are generated in one batched call
@@ -355,6 +358,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
         return {"companions": {wm_refit.REFIT_DIR: write}, "companion_bytes": checkpoint.checkpoint_bytes(wm, None)}
 
     dream_tasks = extra.get("dream_tasks") or list(args.tasks)  # resumed: the probe's choice, not re-run
+    guard = update.StepGuard(args.max_skipped_steps, what="policy update")  # skips in a row count across iterations
     try:
         if it == 0 and args.probe_seeds and args.real_ratio < 1:
             with distributed.full_params(model, opt):
@@ -380,7 +384,7 @@ def train_dream(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it
                         f.write(json.dumps(dream_record(t, it + 1, k // args.group_size)) + "\n")
                 lstats = dream_update(model, opt, tok, train, real, args, cfg, device, world,
                                       seed=args.seed * 1_000_003 + it, ref=ref, rolled=trajs,
-                                      planned=len(jobs) if args.dynamic_sampling else None)
+                                      planned=len(jobs) if args.dynamic_sampling else None, guard=guard)
             gen.push_weights(model)  # the next rollout samples from the updated policy
             dreams = [t for t in trajs if not t["env_error"]]
             replay_c, steps_now, replays = {}, 0, []

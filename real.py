@@ -169,7 +169,9 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
     iteration `it` (0, or the resumed checkpoint's) to args.iterations. Each iteration: groups drawn
     by the curriculum, G rollouts each (rollout.py, prompts compressed by compress.py), with dynamic
     sampling until enough groups have signal; one policy update on those (update.py); metrics, a
-    greedy eval, a report and a checkpoint when due."""
+    greedy eval, a report and a checkpoint when due. A policy-update step with a non-finite gradient or loss
+    is skipped (update.StepGuard, one for the run: args.max_skipped_steps skipped in a row, across
+    iterations, raise update.NonFiniteError before anything more is checkpointed)."""
     env_steps = extra.get("env_steps", 0)
     cur = curriculum.Curriculum(args.tasks, args.group_size, uniform=args.curriculum == "uniform", rank=rank, world=world)
     cur.load(extra.get("curriculum", {}))
@@ -181,6 +183,7 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
     demos = supervised.expert_trajectories(args.demos, args.tasks) if args.bc_coef else []
     if args.bc_coef and not demos:
         raise ValueError(f"--bc-coef: {args.demos} holds no successful expert trajectory for tasks {args.tasks}")
+    guard = update.StepGuard(args.max_skipped_steps, what="policy update")
     evaluating = lambda i: args.eval_every and (i % args.eval_every == 0 or i == args.iterations)
     try:
         if it == 0 and args.probe_seeds:
@@ -207,7 +210,8 @@ def train_real(args, model, tok, opt, gen, logger, cfg: update.UpdateConfig, it:
                 t_update = time.time()
                 nll = bc_batch(args, demos, cur, tok, it, rank, world) if demos else None
                 lstats = update.policy_update(model, opt, tok, trajs, cfg, device, world, ref=ref, nll=nll,
-                                              nll_coef=args.bc_coef if demos else 0.0, seed=args.seed * 1_000_003 + it)
+                                              nll_coef=args.bc_coef if demos else 0.0, seed=args.seed * 1_000_003 + it,
+                                              guard=guard)
                 lstats["perf/update_s"] = time.time() - t_update
             gen.push_weights(model)  # the next rollout samples from the updated policy
             cur.merge(world)

@@ -24,7 +24,7 @@ import runlog
 # (--epochs: a BC or WM run continued for more passes; its linear decay is then over the new length.)
 RESUMABLE = ("iterations", "epochs", "save_every", "keep_ckpts", "report_every", "eval_every", "eval_seeds", "num_envs",
              "env_workers", "step_timeout", "micro_batch", "grad_ckpt", "generator", "vllm_memory", "log_kl",
-             "judge_url")
+             "judge_url", "max_skipped_steps")
 
 
 def given_flags(p: argparse.ArgumentParser, argv) -> set[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -184,8 +185,10 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
     """Run --mode bc, wm or judge from optimizer step `step` (0, or the resumed checkpoint's) to the end
     (args.epochs passes), checkpointing every args.save_every steps and at the end (out/final).
     Reads args: mode, demos or transitions (and judge_trajectories), tasks, batch_size, micro_batch, epochs, lr, seed, bf16,
-    save_every, keep_ckpts, out, and the prompt settings. Logs per step: loss/<mode>, loss/grad_norm, perf/step_s,
-    perf/tokens_per_s, perf/peak_rss_gib (this process's peak resident memory so far, GiB), charts/lr, charts/epoch."""
+    max_skipped_steps, save_every, keep_ckpts, out, and the prompt settings. A step whose gradient norm or loss is not
+    finite is skipped (update.StepGuard: the batch is passed over, the schedule moves on; args.max_skipped_steps in a
+    row raise update.NonFiniteError). Logs per step: loss/<mode>, loss/grad_norm, loss/skipped_steps (1 when skipped),
+    perf/step_s, perf/tokens_per_s, perf/peak_rss_gib (this process's peak resident memory so far, GiB), charts/lr, charts/epoch."""
     samples = training_samples(args, tok)
     tag = args.mode
     if args.batch_size % world:
@@ -204,6 +207,7 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
     t_start, tokens = time.time(), 0
     lengths = [len(prompt) + len(target) for prompt, target in samples]
     settings = args.prompt_settings
+    guard = update.StepGuard(args.max_skipped_steps, what=f"--mode {tag}")
     while step < total_steps:
         batch = batch_indices(lengths, step, args.batch_size, args.seed, rank, world)
         model.train()
@@ -214,11 +218,13 @@ def train_supervised(args, model, tok, opt, logger, step: int, rank: int, world:
         tokens += n
         distributed.sync_gradients(model, world)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        took = guard.step(opt, float(gnorm), loss_sum, world)
+        with warnings.catch_warnings():  # a skipped first step makes torch warn of a misordered schedule: it is not
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            sched.step()  # the schedule follows the batches, taken or skipped
         step += 1
         m = {f"loss/{tag}": distributed.all_sum(loss_sum, world), "loss/grad_norm": float(gnorm),
+             "loss/skipped_steps": 0 if took else 1,
              "perf/step_s": time.time() - t0,
              "perf/tokens_per_s": distributed.all_sum(tokens, world) / (time.time() - t_start),
              "perf/peak_rss_gib": runlog.peak_rss_mb() / 1024,  # this rank's

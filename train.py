@@ -99,6 +99,9 @@ def parse_args(argv=None):
     g.add_argument("--micro-batch", type=int, default=8, help="samples per forward pass (memory)")
     g.add_argument("--epochs", type=float, default=2.0, help="bc, wm, judge: passes over their samples (demonstration turns, transitions, judged prefixes)")
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    g.add_argument("--max-skipped-steps", type=int, default=update.MAX_SKIPPED_STEPS,
+                   help="an optimizer step whose gradient or loss is inf/NaN is skipped (loss/skipped_steps); stop "
+                        "with an error once this many in a row were skipped (update.StepGuard)")
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g = p.add_argument_group("data and environment")
     g.add_argument("--demos", default="runs/demos.jsonl", help="bc: expert trajectories (python experts.py)")
@@ -280,7 +283,7 @@ def parse_args(argv=None):
         p.error(f"--dream-max-stage must be at least 0, got {args.dream_max_stage}")
     if args.loss is None:
         args.loss = "gspo" if args.mode == "dream" else "mgrpo"
-    for name in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "batch_size", "max_steps"):
+    for name in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "batch_size", "max_steps", "max_skipped_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", 1))

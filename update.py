@@ -33,9 +33,16 @@ negative log-likelihood enters each step with weight `nll_coef` while the RL los
 model: --expert-loss kl) L_nll is instead the token mean of KL(nll_ref || policy) over the whole
 vocabulary at each position of the expert's reply (teacher-forced): the term holds the reference's
 behaviour on real pages rather than pulling toward the expert's replies.
+
+A step whose gradient norm or loss is not finite (one bf16 overflow is enough) is skipped, not taken:
+AdamW would write the inf or NaN into the weights and its moments, and every later step, and every
+checkpoint, would carry it. `StepGuard` makes that call for every optimizer step of the project (this
+update, supervised.py's bc/wm/judge steps, wm_refit.py's world-model refits), on a flag summed over
+the ranks, and stops the run once `max_skipped` steps in a row were skipped (train.py --max-skipped-steps).
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -67,6 +74,62 @@ class UpdateConfig:
     old_from_rollout: bool = False   # pi_old = each turn's response_logprobs (sampled by these very weights)
     lr: float = 0.0                  # the learning rate after warm-up (train.py: --lr); used only with warmup_steps
     warmup_steps: int = 0            # linear learning-rate warm-up over the run's first N optimizer steps (0: none)
+
+
+MAX_SKIPPED_STEPS = 5  # train.py --max-skipped-steps' default: this many skipped steps in a row stop the run
+
+
+class NonFiniteError(RuntimeError):
+    """Raised by StepGuard when too many optimizer steps in a row had a non-finite gradient or loss."""
+
+
+class StepGuard:
+    """Takes an optimizer step only when its gradient norm and loss are finite on every rank; counts the
+    skipped ones and stops a run that keeps skipping.
+
+        guard = StepGuard(max_skipped=5)      # one per optimizer, kept for the whole run
+        ...backward(), sync_gradients, norm = clip_grad_norm_(...)
+        took = guard.step(opt, norm, loss, world, model)
+
+    The count of consecutive skips lives here, not in one call of its users, so it runs on across
+    the RL loop's iterations (real.py and dream.py call policy_update once an iteration); a resumed
+    run starts it at 0. Attributes: skipped (all skipped steps), consecutive (skipped since the last
+    step taken), max_skipped. Errors: ValueError for max_skipped < 1."""
+
+    def __init__(self, max_skipped: int = MAX_SKIPPED_STEPS, what: str = "training"):
+        if max_skipped < 1:
+            raise ValueError(f"max_skipped must be at least 1, got {max_skipped}")
+        self.max_skipped, self.what = max_skipped, what
+        self.skipped = self.consecutive = 0
+
+    def step(self, opt, grad_norm: float, loss: float, world: int, model=None) -> bool:
+        """opt.step() unless the gradient norm (clip_grad_norm_'s, before clipping) or this rank's loss
+        is inf or NaN on any rank; the gradients are cleared either way (opt.zero_grad). Collective
+        under torchrun: every rank calls it for every step, and the decision is taken on a flag summed
+        over the ranks (distributed.all_sum), so no rank steps while another skips (each rank's loss is
+        its own; the gradients, summed by sync_gradients, are already the same). `model`: under
+        distributed.full_params the skipped step's full weights are gathered again, as the optimizer's
+        post-step hook would have. Returns whether the step was taken. Errors: NonFiniteError on the
+        max_skipped-th skipped step in a row (the weights are still those of the last step taken)."""
+        finite = math.isfinite(float(grad_norm)) and math.isfinite(float(loss))
+        if distributed.all_sum(0.0 if finite else 1.0, world) == 0:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            self.consecutive = 0
+            return True
+        opt.zero_grad(set_to_none=True)  # nothing of the bad step carries into the next one
+        if model is not None:
+            distributed.regather_full(model)
+        self.skipped += 1
+        self.consecutive += 1
+        if self.consecutive >= self.max_skipped:
+            raise NonFiniteError(
+                f"{self.what}: {self.consecutive} optimizer steps in a row had a non-finite gradient or loss (the "
+                f"last: gradient norm {float(grad_norm)}, loss {float(loss)} on this rank) and were skipped; stopping rather "
+                f"than training on. The weights are those of the last step taken (no checkpoint holds the inf/NaN). "
+                f"Lower --lr, try --bf16 0, or allow more skips in a row with --max-skipped-steps (now "
+                f"{self.max_skipped}, default {MAX_SKIPPED_STEPS})")
+        return False
 
 
 def optimizer_steps(opt) -> int:
@@ -145,22 +208,26 @@ def _right_aligned(rows: list[torch.Tensor], like: torch.Tensor, L: int) -> torc
 
 def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, device, world: int = 1, *,
                   ref=None, nll: list[tuple[list[int], list[int]]] | None = None, nll_coef: float = 0.0,
-                  rl_scale: float = 1.0, seed: int = 0, nll_ref=None) -> dict:
+                  rl_scale: float = 1.0, seed: int = 0, nll_ref=None, guard: StepGuard | None = None) -> dict:
     """Optimizer steps on this rank's trajectories (collective under torchrun: every rank calls it,
     each with its own trajectories, and every rank takes the same number of steps).
 
     ref: a frozen reference model; with cfg.kl_coef > 0 (M-GRPO) its k3 KL enters the loss, and
     whenever it is given the KL of the trained tokens is logged (loss/kl). nll_ref: a frozen model
     that turns the `nll` term into KL(nll_ref || policy) on the expert replies' positions. seed: the shuffle of
-    the passes (the same on every rank is not needed). Returns metrics, counts summed over ranks:
+    the passes (the same on every rank is not needed). guard: the run's StepGuard (its count of skipped
+    steps in a row runs on across calls; default a fresh one with MAX_SKIPPED_STEPS): a step whose
+    gradient norm or loss is not finite is skipped. Returns metrics, counts summed over ranks:
     rollout/reward (mean reward of the trajectories that count), rollout/zero_var_groups (share of
     them in groups with equal rewards), loss/trajectories (counted), loss/trajectories_trained
     (nonzero advantage), loss/updates (optimizer steps), loss/policy, loss/ratio, loss/clip_frac,
-    loss/kl, loss/kl_capped (weighted means), loss/grad_norm (last step, before clipping), loss/grad_norm_max
+    loss/kl, loss/kl_capped (weighted means), loss/skipped_steps (steps skipped for a non-finite gradient
+    or loss; loss/updates counts the steps taken), loss/grad_norm (last step, before clipping), loss/grad_norm_max
     (the largest of the iteration's steps: a spike in an early step of several), loss/empty_samples, loss/nll with nll (the KL to nll_ref with one), and loss/lr
-    (the last step's learning rate) with cfg.warmup_steps.
+    (the last step's learning rate) with cfg.warmup_steps. Errors: NonFiniteError from `guard`.
     """
     nll = nll or []
+    guard = guard or StepGuard(what="policy update")
     valid = [t for t in trajectories if records.trainable(t)]
     rewards = torch.tensor([t["reward"] for t in valid], dtype=torch.float32)
     adv, zero_var_share = mgrpo.group_advantages(rewards, [(t["task"], t["seed"]) for t in valid],
@@ -206,7 +273,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                         store[k] = lp[j, L - len(samples[k][2]):]
     model.train()
     agg = {"loss/policy": 0.0, "loss/ratio": 0.0, "loss/clip_frac": 0.0, "loss/kl": 0.0, "loss/kl_capped": 0.0, "loss/updates": 0,
-           "loss/grad_norm": 0.0, "loss/grad_norm_max": 0.0}
+           "loss/grad_norm": 0.0, "loss/grad_norm_max": 0.0, "loss/skipped_steps": 0}
     if nll_coef:
         agg["loss/nll"] = 0.0
     weight_seen = 0.0  # ratio, clip fraction and KL are means weighted by each micro-batch's loss weight
@@ -226,6 +293,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 # no rank has anything to train on: stepping AdamW on zero gradients would still move
                 # the weights along its stale moments. Every rank takes this branch together.
                 continue
+            step_loss = 0.0  # this rank's loss of the step (rl_scale and nll_coef aside): is it finite?
             if run:
                 ks = [k for i in run for k in by_traj[i]]
                 lengths = torch.tensor([len(samples[k][2]) for k in ks])
@@ -257,6 +325,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                                                kl_clip=cfg.kl_clip)
                     weight = s["weight"]
                 (loss * rl_scale).backward()
+                step_loss += loss.item()
                 agg["loss/policy"] += loss.item() / n_updates
                 agg["loss/ratio"] += s["ratio"] * weight
                 agg["loss/clip_frac"] += s["clip_frac"] * weight
@@ -275,6 +344,7 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                     loss = ((ref_full.exp() * (ref_full - logp)).sum(-1) * rm).sum() / nll_tok
                     del ref_full
                 (loss * nll_coef).backward()
+                step_loss += loss.item()
                 agg["loss/nll"] += loss.item() / n_updates
             distributed.sync_gradients(model, world)
             agg["loss/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
@@ -284,9 +354,10 @@ def policy_update(model, opt, tok, trajectories: list[dict], cfg: UpdateConfig, 
                 agg["loss/lr"] = warmup_lr(cfg.lr, cfg.warmup_steps, optimizer_steps(opt))
                 for group in opt.param_groups:
                     group["lr"] = agg["loss/lr"]
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            agg["loss/updates"] += 1
+            if guard.step(opt, agg["loss/grad_norm"], step_loss, world, model):
+                agg["loss/updates"] += 1
+            else:
+                agg["loss/skipped_steps"] += 1
     for k in ("loss/ratio", "loss/clip_frac", "loss/kl", "loss/kl_capped"):
         agg[k] = agg[k] / weight_seen if weight_seen else (1.0 if k == "loss/ratio" else 0.0)
     stats.update(agg)

@@ -31,6 +31,7 @@ import torch
 import distributed
 import runlog
 import supervised
+import update
 import world_model
 from delta import diff, done_status
 
@@ -83,13 +84,16 @@ class WorldModelRefit:
 
     Collective under torchrun: every rank calls `refit` at the same iterations with the same `steps`,
     gradients are summed over ranks (distributed.sync_gradients), so the ranks' copies stay equal, and
-    when no rank has a new transition no rank steps. The model must not be generating while `refit` runs
-    (the dream loop holds world_model._PREDICT_LOCK). Raises ValueError for batch_size < 2 or an empty `base`.
+    when no rank has a new transition no rank steps. A step whose gradient norm or loss is not finite is
+    skipped (update.StepGuard, its count of skips in a row kept across refits; `max_skipped` in a row raise
+    update.NonFiniteError), so the world model the dreams run in never takes an inf or NaN. The model must
+    not be generating while `refit` runs (the dream loop holds world_model._PREDICT_LOCK). Raises ValueError
+    for batch_size < 2 or an empty `base`.
     """
 
     def __init__(self, model, tokenizer, base: list[dict], *, lr: float = 2e-5, batch_size: int = 16,
                  micro_batch: int = 4, max_tokens: int = 1024, bf16: bool = False, max_grad_norm: float = 1.0,
-                 seed: int = 0, world: int = 1):
+                 seed: int = 0, world: int = 1, max_skipped: int = update.MAX_SKIPPED_STEPS):
         if batch_size < 2:
             raise ValueError(f"batch_size must be at least 2 (half new, half base), got {batch_size}")
         if not base:
@@ -102,11 +106,14 @@ class WorldModelRefit:
         if not self.params:
             raise ValueError("WorldModelRefit: the model has no trainable parameter (build it before freezing the model)")
         self.opt = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
+        self.guard = update.StepGuard(max_skipped, what="world-model refit")
 
     def refit(self, new: list[dict], steps: int) -> dict:
         """Take `steps` optimizer steps on this rank's `new` transitions (replay_transitions' records) and the
         base. Returns {wm_refit/loss (mean over steps, per target token), wm_refit/new (all ranks' new
-        transitions), wm_refit/steps}; only wm_refit/new, with no step taken, when no rank has any."""
+        transitions), wm_refit/steps (asked for), wm_refit/skipped_steps (of those, skipped for a non-finite
+        gradient or loss)}; only wm_refit/new, with no step taken, when no rank has any.
+        Errors: update.NonFiniteError (StepGuard)."""
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         total = int(distributed.all_sum(len(new), self.world))
@@ -118,7 +125,7 @@ class WorldModelRefit:
         for p in self.params:
             p.requires_grad_(True)
         self.model.train()
-        losses = []
+        losses, skipped = [], 0
         try:
             for k in range(steps):
                 mine = [order[(k * half + j) % len(order)] for j in range(half)]
@@ -128,15 +135,15 @@ class WorldModelRefit:
                 loss, _ = supervised.accumulate_gradients(self.model, self.tok, samples, max(1, n_tok),
                                                           self.micro_batch, device, self.bf16)
                 distributed.sync_gradients(self.model, self.world)
-                torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-                self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
+                gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+                skipped += not self.guard.step(self.opt, float(gnorm), loss, self.world)
                 losses.append(distributed.all_sum(loss, self.world))
         finally:
             self.model.eval()
             for p in self.params:
                 p.requires_grad_(False)
-        return {"wm_refit/loss": sum(losses) / len(losses), "wm_refit/new": total, "wm_refit/steps": steps}
+        return {"wm_refit/loss": sum(losses) / len(losses), "wm_refit/new": total, "wm_refit/steps": steps,
+                "wm_refit/skipped_steps": skipped}
 
 
 def save_refit(path: str, model, tokenizer, source: str, iteration: int) -> None:
