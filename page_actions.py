@@ -16,6 +16,10 @@ do not act on what the agent sees.
 - select_option: ours (select_options). BrowserGym's passes the text to Playwright, which matches an
   option's value before its label: with options value="Alpha" labelled "Other" and one labelled
   "Alpha", select_option(bid, 'Alpha') chose "Other", which the agent never saw as 'Alpha'.
+- scroll: ours (scroll_page). BrowserGym's divides the deltas by the page's screenshot scale (1.5 on
+  MiniWoB: scroll(0, 900) moved 600 px) and sends a wheel, which moves screen pixels (fewer CSS pixels
+  in a CSS-zoomed scroller) and lands after the call returns (smooth scrolling: the observation could
+  see the page before it moved). Coordinates of the "coord" functions are CSS pixels too (no scale).
 """
 from __future__ import annotations
 
@@ -71,6 +75,10 @@ def action_namespace(send_message, report_infeasible=None, timeout_ms: int = ACT
     exec(_EXTRA_ACTION_CODE, ns)  # safe: check/uncheck from the same library
     ns["select_option"] = lambda bid, options: select_options(ns["get_elem_by_bid"](ns["page"], bid), bid, options,
                                                               ns["ACTION_TIMEOUT_MS"])
+    ns["scroll"] = lambda delta_x, delta_y: scroll_page(ns["page"], delta_x, delta_y)
+    # BrowserGym maps coordinates from its scaled screenshot (page._bgym_scale_factor, 1.5 on MiniWoB); this
+    # agent reads no screenshot, so a coordinate (mouse_click, scroll_at, ...) is a CSS pixel of the viewport.
+    ns["map_coordinates"] = lambda page, x, y: (x, y)
     missing = [a for a in WEB_ACTIONS if a != "noop" and not callable(ns.get(a))]
     if missing:
         raise RuntimeError(f"no function for the grammar's actions {missing}")
@@ -105,3 +113,58 @@ def select_options(elem, bid: str, wanted, timeout_ms: int = ACTION_TIMEOUT_MS) 
             raise ValueError(f"{why}; its options: {shown}")
         picked.append(hits[0])
     elem.select_option(index=list(dict.fromkeys(picked)), timeout=timeout_ms)
+
+
+# scroll(dx, dy) as a wheel at the pointer would do it, in CSS pixels, at once. The element under the pointer
+# is the deepest :hover one (Playwright's mouse stays where the last click or hover put it), inside same-origin
+# frames too; none (the mouse never moved): the page. A cancelable wheel event goes to it first: a page that
+# handles the wheel itself (a map's zoom) and cancels it is not scrolled. Then, as the browser chains a wheel,
+# the innermost scroll container around it that can move takes the whole delta; if none can, the page does.
+# behavior 'instant' overrides a page's `scroll-behavior: smooth`, so the move is done when this returns.
+# Returns how far the scrolled box moved, [x, y], in its CSS pixels.
+SCROLL_JS = """([dx, dy]) => {
+  let doc = document, el = null;
+  for (;;) {
+    const hovered = doc.querySelectorAll(':hover');
+    el = hovered.length ? hovered[hovered.length - 1] : null;
+    let inner = null;
+    try { inner = el && el.contentDocument; } catch (e) {}
+    if (!inner) break;
+    doc = inner;
+  }
+  const win = doc.defaultView, r = el ? el.getBoundingClientRect() : null;
+  const wheel = new win.WheelEvent('wheel', {deltaX: dx, deltaY: dy, deltaMode: 0, bubbles: true, cancelable: true,
+    composed: true, view: win, clientX: r ? r.left + r.width / 2 : 0, clientY: r ? r.top + r.height / 2 : 0});
+  if (!(el || doc.documentElement).dispatchEvent(wheel)) return [0, 0];
+  // which axes a user can scroll: a box's overflow auto, scroll or overlay; the page's unless its root's (or,
+  // when that is visible, the body's) overflow is hidden or clip (a modal's scroll lock)
+  const axes = (box, page) => {
+    let st = win.getComputedStyle(box);
+    if (page && st.overflowX === 'visible' && st.overflowY === 'visible' && doc.body) st = win.getComputedStyle(doc.body);
+    const ok = v => page ? !/hidden|clip/.test(v) : /auto|scroll|overlay/.test(v);
+    return [ok(st.overflowX), ok(st.overflowY)];
+  };
+  const move = (box, [ax, ay]) => {
+    const x = box.scrollLeft, y = box.scrollTop;
+    box.scrollBy({left: ax ? dx : 0, top: ay ? dy : 0, behavior: 'instant'});
+    return [box.scrollLeft - x, box.scrollTop - y];
+  };
+  const page = doc.scrollingElement || doc.documentElement;
+  for (let box = el; box && box !== page && box !== doc.body && box !== doc.documentElement;
+       box = box.parentElement || (box.getRootNode().host ?? null)) {
+    const can = axes(box, false);
+    if (!can[0] && !can[1]) continue;
+    const moved = move(box, can);
+    if (moved[0] || moved[1]) return moved;
+  }
+  return move(page, axes(doc.documentElement, true));
+}"""
+
+
+def scroll_page(page, delta_x: float, delta_y: float) -> list[float]:
+    """scroll(delta_x, delta_y): move the scroll box under the mouse pointer (the innermost one around the
+    element under it that can move, else the page) by delta_x, delta_y CSS pixels, positive right and down,
+    clamped at its ends, whatever the page's zoom, CSS zoom or device scale factor; done (no animation) when
+    this returns. A page that cancels the wheel event sent first is not scrolled. Returns [dx, dy] moved (CSS
+    pixels of the box). Errors: Playwright's, when the page is gone."""
+    return page.evaluate(SCROLL_JS, [delta_x, delta_y])
