@@ -115,6 +115,16 @@ def _name(node: dict) -> str:
     return " ".join(str((node.get("name") or {}).get("value", "") or "").split())
 
 
+def _named_by_contents(node: dict) -> bool:
+    """Whether Chromium computed the node's name from its contents (the text inside it), not from an
+    attribute or a label: the source it used is the first one with a value not superseded (CDP's
+    AXValueSource). False when the node lists no sources."""
+    for source in (node.get("name") or {}).get("sources") or []:
+        if "value" in source and not source.get("superseded"):
+            return source.get("type") == "contents"
+    return False
+
+
 def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
     """The accessibility tree as text, one node a line, one space of indent per level.
 
@@ -122,9 +132,12 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
     with no name whose only content is one text (click-link's <span> links, list items, labels)
     is printed as one line with that text as its name: `[13] generic 'ornare'`. Dropped:
     InlineTextBox and LineBreak (Chromium 156 adds InlineTextBox nodes), the document's own line,
-    unnamed containers (their children move up a level), text that repeats its parent's or a
-    sibling's name, and every property but a few flags (focused, checked, selected, ...).
-    The first `max_lines` lines are kept.
+    unnamed containers (their children move up a level), every property but a few flags (focused,
+    checked, selected, ...), and a text (StaticText) only where the tree already shows it at that point:
+    inside a shown node whose name Chromium computed from its contents (`[28] link 'Read more'`: its texts
+    'Read' and 'more' are that name), or exactly equal to its parent's name or value or a sibling's name
+    (`[21] checkbox 'abc'` beside its label's text 'abc'); never because it is part of another name: the
+    '7' beside `textbox 'Enter 7 digits'` is shown. The first `max_lines` lines are kept.
     """
     nodes = axtree.get("nodes", [])
     if not nodes:
@@ -146,7 +159,9 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
                 out.append(child)
         return out
 
-    def visit(node: dict, depth: int, context_names: set[str]) -> None:
+    def visit(node: dict, depth: int, context_names: set[str], in_name: bool = False) -> None:
+        # context_names: the texts the tree shows right here (see the docstring); in_name: a shown ancestor's
+        # name is made of this node's texts
         role = node.get("role", {}).get("value", "")
         name = _name(node)
         bid = node.get("browsergym_id")
@@ -161,7 +176,7 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
         if role == "RootWebArea":
             show = False
         elif role == "StaticText":
-            show = bool(name) and not any(name in c for c in context_names if c)
+            show = bool(name) and not in_name and name not in context_names
         elif role in _INTERACTIVE or role.lower() in _INTERACTIVE:
             show = True
         elif folded and name in context_names:
@@ -180,12 +195,13 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
             if attrs:
                 s += ", " + ", ".join(attrs)
             lines.append(" " * depth + s)
-        # a child's text is redundant if the parent (shown or not) or a sibling already says it
+        # a child's text is redundant where the parent (shown or not) or a sibling already says exactly it
         sibling_names = {_name(k) for k in kids if k.get("role", {}).get("value") != "StaticText"}
         value = (node.get("value") or {}).get("value")
         ctx = ({name} if name else set()) | ({str(value)} if value not in (None, "") else set()) | sibling_names | (context_names if not show else set())
+        in_name = in_name or (show and not folded and _named_by_contents(node))
         for k in kids:
-            visit(k, depth + 1 if show else depth, ctx)
+            visit(k, depth + 1 if show else depth, ctx, in_name)
 
     visit(nodes[0], 0, set())
     if len(lines) > max_lines:

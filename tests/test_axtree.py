@@ -150,3 +150,36 @@ def test_hidden_rows_become_tree_lines_and_hostile_rows_are_dropped():
     long = format_hidden([[0, "1", "p", "y" * 10 ** 6], [0, "2", "p", "z"]])
     assert len(long) < HIDDEN_MAX_CHARS + 40 and "z" not in long
     assert format_hidden([[0, "3", "a" * 41, "w"]]) == "[3] generic 'w'"
+
+
+def _named_by(node, source):
+    """`node` with the name sources Chromium lists: `source` is the one used ("contents", "attribute", ...)."""
+    node["name"]["sources"] = [{"type": "attribute", "attribute": "aria-label"},
+                               {"type": source, "value": {"type": "computedString", "value": node["name"]["value"]}}]
+    return node
+
+
+def test_text_is_dropped_only_where_the_tree_already_shows_it():
+    # text that is part of a neighbour's name or value is shown: the '7' beside 'Enter 7 digits'
+    root = _node(0, "RootWebArea", kids=[1, 2, 3, 4, 5, 6, 7, 8])
+    tree = {"nodes": [root, _node(1, "textbox", "Enter 7 digits", bid="11"), _node(2, "StaticText", "7"),
+                      _named_by(_node(3, "button", "Submit order", bid="13", kids=[9]), "contents"),
+                      _node(4, "StaticText", "order"), _node(5, "link", "Read more", bid="15"), _node(6, "StaticText", "more"),
+                      _node(7, "textbox", "", "hello", bid="17"), _node(8, "StaticText", "hell"),
+                      _node(9, "StaticText", "Submit order")]}
+    assert flatten_axtree(tree) == ("[11] textbox 'Enter 7 digits'\nStaticText '7'\n[13] button 'Submit order'\n"
+                                    "StaticText 'order'\n[15] link 'Read more'\nStaticText 'more'\n"
+                                    "[17] textbox value='hello'\nStaticText 'hell'")
+    # dropped: its parent's name (the button's own text), a sibling's name (a checkbox's label), the pieces of a
+    # name Chromium made of them (an element among them keeps its line); shown: the text inside a link named by
+    # an attribute
+    root = _node(0, "RootWebArea", kids=[1, 3, 4, 6])
+    tree = {"nodes": [root, _node(1, "button", "OK", bid="11", kids=[2]), _node(2, "StaticText", "OK"),
+                      _node(3, "checkbox", "abc", bid="13"), _node(4, "StaticText", "abc"),
+                      _named_by(_node(6, "link", "Save changes now", bid="16", kids=[7, 8, 9]), "contents"),
+                      _node(7, "StaticText", "Save"), _node(8, "generic", "", bid="18", kids=[10]), _node(10, "StaticText", "changes"),
+                      _node(9, "StaticText", "now")]}
+    assert flatten_axtree(tree) == "[11] button 'OK'\n[13] checkbox 'abc'\n[16] link 'Save changes now'\n [18] generic 'changes'"
+    tree["nodes"][5] = _named_by(tree["nodes"][5], "attribute")
+    assert flatten_axtree(tree).split("\n")[2:] == ["[16] link 'Save changes now'", " StaticText 'Save'",
+                                                    " [18] generic 'changes'", " StaticText 'now'"]
