@@ -35,9 +35,12 @@ into env_error. What this file changes in BrowserGym:
   (`url_allowed`), or on a general site only its hosts (`web_url_allowed`; a refused navigation is told
   in the next observation); no other host resolves and WebRTC sends no UDP (for what the router cannot
   see); MiniWoB's popups are closed after each action;
-- a page that navigates or reloads under the observation is observed again; a reloaded task page
-  ends the episode; a page with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge;
-- a Playwright error reaches the agent as one line (page_errors.short_error);
+- a page that navigates or reloads under the observation is observed again; a task page that left its
+  document (a reload, a navigation) ends the episode, one whose URL changed in place (a fragment link,
+  pushState) goes on and is scored by the task (BrowserGym compares URLs exactly); a page with more than
+  MAX_PAGE_ELEMENTS elements raises PageTooLarge;
+- a Playwright error reaches the agent as one line (page_errors.short_error); what ends an episode as a
+  browser fault is decided by the error's type and the page's state, never by its message's words;
 - Playwright's per-call stack capture is the cheap one of later Playwright versions (playwright_stack.py).
 """
 from __future__ import annotations
@@ -158,7 +161,8 @@ class PersistentBrowserEnv(BrowserEnv):
     once (slow_mo 0, our flags, our executable), the chat is in memory, every request is routed
     through `url_allowed`, and the observation skips the screenshot and the DOM snapshot.
     After an action: popups are closed, validation and observation are redone if the page navigated
-    under them, a task page that was reloaded ends the episode, a crashed renderer raises, and a page
+    under them, a task page that was reloaded or left its document ends the episode (a URL changed in the
+    same document does not), a crashed renderer raises, and a page
     with more than MAX_PAGE_ELEMENTS elements raises PageTooLarge instead of being observed.
     hosts: None for MiniWoB's policy; a set of host names for a general site's (sandbox.web_url_allowed,
     tabs followed and listed, a fresh context per episode, WEB_MAX_PAGE_ELEMENTS, validation on request).
@@ -336,7 +340,9 @@ class PersistentBrowserEnv(BrowserEnv):
                 try:
                     self.ns[name](*args)
                 except playwright.sync_api.Error as e:
-                    if is_fatal(e):
+                    # what happened decides (the error's type, the page's and the renderer's state); never its
+                    # words, which quote the page (a covering element's text may say "crashed")
+                    if self.crashed or is_fatal(e, self.ns["page"]):
                         raise
                     self.last_action_error = short_error(e)
                 except (ValueError, TypeError) as e:  # e.g. "Could not find element with bid"
@@ -356,13 +362,13 @@ class PersistentBrowserEnv(BrowserEnv):
                 obs, reward, terminated, truncated, info = self.post_step(info, validate=validate)
                 self._check_alive()  # (a crash closes the page, and BrowserGym would observe a blank new one)
                 if (not self.web and not terminated and attempt < 3 and self.page == self.task.page
-                        and obs["url"] != self.task.url):  # validated the old document, observed a new one
-                    continue
+                        and obs["url"] != self.task.url and not self._on_task_document()):
+                    continue  # validated the old document, observed a new one (not a fragment or pushState)
                 if not self.web:
                     close_popups(self)  # a tab this action opened goes now, and the observation says so
                 return clean(dict(obs, events=self._take_events())), reward, terminated, truncated, clean(info)
             except Exception as e:
-                if attempt == 3 or self.crashed or not is_navigation_race(e):
+                if attempt == 3 or self.crashed or not is_navigation_race(e, self.page):
                     raise
                 logger.info("the page changed while it was observed (%s); observing again", short_error(e, 80))
                 time.sleep(0.05 * 2 ** attempt)
@@ -406,12 +412,26 @@ class PersistentBrowserEnv(BrowserEnv):
         how = f"accepted with its default text {quote(shorten(default))}" if kind == "prompt" else "accepted (OK)"
         self.events.append(f"Dialog: the page showed {'an' if kind[0] in 'aeiou' else 'a'} {kind}{said}; it was {how}.")
 
+    def _on_task_document(self) -> bool:
+        """Whether the task page still shows the document the task set up (reset left a token in its window),
+        whatever its URL says: a fragment link (<a href='#'>), history.pushState or replaceState change the URL
+        in place, in the same document; a navigation or a reload, even to the same URL, replaces it."""
+        return self.task.page.evaluate("() => window.__webdream_doc || ''") == self.doc_token
+
     def _task_validate(self):
+        """MiniWoB: the task's own verdict while its page shows the task's document, whatever the URL; else the
+        episode ends with reward 0 ("reloaded or left" for the task's URL, BrowserGym's "invalid url" for
+        another). BrowserGym's validate() compares the URL exactly: a search-engine result link (href='#')
+        ended a solved episode as "invalid url" with reward 0 (BrowserGym issue #366)."""
         page, task = self.page, self.task
-        if not self.web and page == task.page and page.url == task.url:
-            # same URL, but is it still the document the task set up? (a reload starts MiniWoB afresh,
-            # with no episode running: the task could never be completed)
-            if page.evaluate("() => window.__webdream_doc || ''") != self.doc_token:
+        if not self.web and page == task.page:
+            if self._on_task_document():
+                if page.url == task.url:
+                    return super()._task_validate()
+                # the URL changed in place: BrowserGym's MiniWoB validate() without its URL comparison
+                info = task._get_info()
+                return float(info["RAW_REWARD_GLOBAL"] > 0), info["DONE_GLOBAL"], "", info
+            if page.url.split("#")[0] == task.url:  # a reload starts MiniWoB afresh, with no episode running
                 return 0.0, True, "", {"error": "the task page was reloaded or left, terminating task"}
         return super()._task_validate()
 
@@ -427,9 +447,7 @@ class PersistentBrowserEnv(BrowserEnv):
                 _pre_extract(page, tags_to_mark=self.tags_to_mark, lenient=(retries_left == 0))
                 axtree = extract_merged_axtree(page)
             except (playwright.sync_api.Error, MarkingError) as e:
-                if retries_left > 0 and any(s in str(e) for s in (
-                        "detached", "not found", "context was destroyed", "without a bid",
-                        "Cannot read properties of undefined")):
+                if retries_left > 0 and is_navigation_race(e, page):
                     _post_extract(page)
                     time.sleep(0.05)
                     continue

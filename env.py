@@ -164,17 +164,21 @@ class WebEnv:
 
     What a step does when the page misbehaves (tests/test_env_faults.py feeds each case):
     - an action on an element that is gone or hidden: an error the agent sees in Obs.error
-      ("Could not find element with bid", "Timeout 3000ms exceeded"); the episode goes on;
+      ("Could not find element with bid", "Timeout 3000ms exceeded"); the episode goes on, whatever
+      words the error quotes from the page (a covering element that says "crashed" is not a fault);
     - the page navigates or reloads while it is being validated/observed: the observation is taken
       again on the new document. A task page that navigated elsewhere or reloaded ends the episode
       with reward 0 and info["error"] saying so (the page left the task, as in BrowserGym; not env_error);
+      a URL changed in the same document (a fragment link such as search-engine's href='#' results,
+      pushState) does not: the task scores the page (tests/test_faults3_pages.py);
     - a request outside the MiniWoB folder (image, script, frame, fetch, popup, navigation) is aborted
       and listed in `self._bg.blocked`; popups and tabs are closed after each action
       (`self._bg.popups_closed`) and the episode goes on in the task's page (Obs.events says so);
     - a native dialog is accepted (Obs.events says which, with its message); name resolution and WebRTC UDP are off in Chromium
       (WebSockets, which the router never sees, cannot connect);
     - an infrastructure fault (the browser or its renderer died, the page stopped answering, a page
-      too large to observe: more than browser.MAX_PAGE_ELEMENTS elements) ends the episode with done,
+      too large to observe: more than browser.MAX_PAGE_ELEMENTS elements; known by Playwright's error
+      type and the page's state, never by an error's words) ends the episode with done,
       info["env_error"] = True, reward 0. step() never raises for any of these.
     After a fault the context is closed at once (a runaway page stops using CPU and memory); the
     next reset opens a fresh context in the same browser, or relaunches it if the browser died.
