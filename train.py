@@ -60,7 +60,10 @@ import update
 from runlog import Logger
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, check_files: bool = False):
+    """The flags, validated (a parser error, exit 2, for a bad value or a missing model path: _check_paths).
+    check_files (main's): also a model folder must hold a model and the data files the mode reads must
+    exist; off for tests and tools that build a run's args without its data."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
     g.add_argument("--mode", choices=["bc", "wm", "judge", "real", "dream"], required=True,
@@ -317,7 +320,7 @@ def parse_args(argv=None):
     if args.reward != "success" and (args.mode != "real" or not args.think):
         p.error(f"--reward {args.reward} applies to --mode real with --think (it reads each reply's thought), "
                 f"got --mode {args.mode}{'' if args.think else ' without --think'}")
-    _check_paths(p, args)
+    _check_paths(p, args, check_files)
     if args.lr is None:
         args.lr = (1e-5 if rl else 1e-4) * (10 if args.lora_rank else 1)
     if args.clip_low is None:
@@ -357,11 +360,12 @@ def parse_args(argv=None):
     return args
 
 
-def _check_paths(p: argparse.ArgumentParser, args) -> None:
+def _check_paths(p: argparse.ArgumentParser, args, check_files: bool = True) -> None:
     """Every model and data path the run will read, checked before anything is written (args.json) or
     loaded: a parser error naming the flag, never a traceback from transformers or a missing file halfway
     through. Models: policy.model_path_error (a local folder holding a model, or a hub id the hub can
-    serve). Data files: only those the mode reads."""
+    serve; without check_files any existing folder passes). Data files (with check_files): only those the
+    mode reads."""
     dreams = args.mode == "dream" and args.real_ratio < 1.0
     models = [("--init", args.init)] if args.init else [("--model", args.model)]
     if dreams:
@@ -370,9 +374,11 @@ def _check_paths(p: argparse.ArgumentParser, args) -> None:
             models.append(("--judge", args.judge))
     hints = {"--world-model": "; train one with `python train.py --mode wm --out runs/wm`",
              "--judge": "; train one with `python train.py --mode judge --out runs/judge`"}
-    for flag, path in models:
-        if (err := policy.model_path_error(path, flag)) is not None:
+    for flag, path in models:  # (without check_files a folder passes unread: tests stand in any folder)
+        if (err := policy.model_path_error(path, flag)) is not None and (check_files or not os.path.isdir(path)):
             p.error(err + (hints.get(flag, "") if not os.path.exists(path) else ""))
+    if not check_files:
+        return
     files = []
     if args.mode == "bc" or (args.mode == "real" and args.bc_coef) or (args.mode == "dream" and args.real_ratio > 0):
         files.append(("--demos", args.demos, "python experts.py --out runs/demos.jsonl"))
@@ -436,7 +442,7 @@ def build_model(args, device, path=None, fsdp=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(argv, check_files=True)
     rank, world, device = distributed.setup_distributed()
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)

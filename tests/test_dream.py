@@ -487,7 +487,12 @@ def test_dream_mode_with_mgrpo_and_kl_builds_the_reference_and_its_kl_acts(tmp_p
         seen["cfg"] = a[6]
 
     monkeypatch.setattr(dream, "train_dream", spy)
-    train.main(["--mode", "dream", "--tiny", "--world-model", ROOT, "--loss", "mgrpo", "--kl-coef", "0.1",
+    (tmp_path / "wm").mkdir()  # main checks that the paths it will read hold a model and data (train_dream reads them)
+    (tmp_path / "wm" / "config.json").write_text("{}")
+    for f in ("demos.jsonl", "transitions.jsonl"):
+        (tmp_path / f).write_text("")
+    train.main(["--mode", "dream", "--tiny", "--world-model", str(tmp_path / "wm"), "--loss", "mgrpo", "--kl-coef", "0.1",
+                "--demos", str(tmp_path / "demos.jsonl"), "--transitions", str(tmp_path / "transitions.jsonl"),
                 "--out", str(tmp_path / "run"), "--tasks", "click-button"])
     assert seen["ref"] is not None and seen["ref"] is not seen["model"] and seen["cfg"].kl_coef == 0.1
     assert not any(p.requires_grad for p in seen["ref"].parameters())
