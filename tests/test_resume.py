@@ -2,6 +2,7 @@
 checkpoint) and its flags (the first start's, --init above all). In this process, with tiny models."""
 import json
 import os
+import time
 
 import pytest
 
@@ -25,6 +26,9 @@ def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
     for step in range(1, 5):
         log.log({"loss/x": float(step)}, step)
     log.close()
+    # TensorBoard reads event files in name order: time (s), host, pid, then a per-process counter compared as
+    # text ('10' < '9'). A real resume is a later process; here, in one process, start the next second
+    time.sleep(1.01 - time.time() % 1.0)
     log = Logger(out, enabled=True, resume_step=2)
     for step in (3, 4, 5):
         log.log({"loss/x": 10.0 * step}, step)
