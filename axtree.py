@@ -134,8 +134,9 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
     InlineTextBox and LineBreak (Chromium 156 adds InlineTextBox nodes), the document's own line,
     unnamed containers (their children move up a level), every property but a few flags (focused,
     checked, selected, ...), and a text (StaticText) only where the tree already shows it at that point:
-    inside a shown node whose name Chromium computed from its contents (`[28] link 'Read more'`: its texts
-    'Read' and 'more' are that name), or exactly equal to its parent's name or value or a sibling's name
+    inside a shown node whose name Chromium computed from its contents and found in that name (`[28] link 'Read
+    more'`: its texts 'Read' and 'more' are that name; a text Chromium left out of it, inside a group or a listbox
+    in the link, is shown), or exactly equal to its parent's name or value or a sibling's name
     (`[21] checkbox 'abc'` beside its label's text 'abc'); never because it is part of another name: the
     '7' beside `textbox 'Enter 7 digits'` is shown. The first `max_lines` lines are kept.
     """
@@ -159,9 +160,10 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
                 out.append(child)
         return out
 
-    def visit(node: dict, depth: int, context_names: set[str], in_name: bool = False) -> None:
-        # context_names: the texts the tree shows right here (see the docstring); in_name: a shown ancestor's
-        # name is made of this node's texts
+    def visit(node: dict, depth: int, context_names: set[str], content_name: str = "") -> None:
+        # context_names: the texts the tree shows right here (see the docstring); content_name: the name of the
+        # nearest shown ancestor that Chromium computed from its contents ('' if none): a text found in it is
+        # already on that line (a text Chromium left out of it, e.g. inside a group or a listbox, is not)
         role = node.get("role", {}).get("value", "")
         name = _name(node)
         bid = node.get("browsergym_id")
@@ -176,7 +178,7 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
         if role == "RootWebArea":
             show = False
         elif role == "StaticText":
-            show = bool(name) and not in_name and name not in context_names
+            show = bool(name) and name not in content_name and name not in context_names
         elif role in _INTERACTIVE or role.lower() in _INTERACTIVE:
             show = True
         elif folded and name in context_names:
@@ -199,9 +201,10 @@ def flatten_axtree(axtree: dict, max_lines: int = 200) -> str:
         sibling_names = {_name(k) for k in kids if k.get("role", {}).get("value") != "StaticText"}
         value = (node.get("value") or {}).get("value")
         ctx = ({name} if name else set()) | ({str(value)} if value not in (None, "") else set()) | sibling_names | (context_names if not show else set())
-        in_name = in_name or (show and not folded and _named_by_contents(node))
+        if show and not folded and name and _named_by_contents(node):
+            content_name = name
         for k in kids:
-            visit(k, depth + 1 if show else depth, ctx, in_name)
+            visit(k, depth + 1 if show else depth, ctx, content_name)
 
     visit(nodes[0], 0, set())
     if len(lines) > max_lines:

@@ -150,7 +150,8 @@ SCROLL_JS = """([dx, dy]) => {
     return [box.scrollLeft - x, box.scrollTop - y];
   };
   const page = doc.scrollingElement || doc.documentElement;
-  for (let box = el; box && box !== page && box !== doc.body && box !== doc.documentElement;
+  // (the body is a box like any other: a page whose root hides overflow and whose body scrolls is scrolled there)
+  for (let box = el || doc.body; box && box !== page && box !== doc.documentElement;
        box = box.parentElement || (box.getRootNode().host ?? null)) {
     const can = axes(box, false);
     if (!can[0] && !can[1]) continue;

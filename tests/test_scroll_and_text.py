@@ -92,6 +92,20 @@ def test_scroll_moves_a_plain_page_by_css_pixels(e, scale, html):
         ctx.close()
 
 
+def test_scroll_moves_a_page_whose_body_is_the_scroller(e):
+    # an app layout: the root hides overflow, the body scrolls (a wheel moves the body; the root cannot move)
+    ctx = e._bg.browser.new_context(viewport={"width": 332, "height": 214})
+    try:
+        page = ctx.new_page()
+        page.set_content("<html style='overflow:hidden;height:100%'><body style='margin:0;overflow:auto;height:100%'>"
+                         "<div style='height:5000px'>app</div></body></html>")
+        e._bg.ns["page"] = page
+        e._bg.ns["scroll"](0, 300)
+        assert page.evaluate("() => [document.body.scrollTop, document.documentElement.scrollTop]") == [300, 0]
+    finally:
+        ctx.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # every text the page shows is in the tree
 
@@ -99,7 +113,9 @@ def test_scroll_moves_a_plain_page_by_css_pixels(e, scale, html):
 def test_text_that_is_part_of_a_neighbours_name_is_shown(e):
     obs = _put(e, "<div><input aria-label='Enter 7 digits'> 7</div><div><button>Submit order</button> order</div>"
                   "<div><a href='#'>Read more</a> more</div><div><input value='hello'> hell</div>"
-                  "<div><button>Save <b>changes</b> now</button></div><div><button aria-label='Close'>Cl</button></div>")
+                  "<div><button>Save <b>changes</b> now</button></div><div><button aria-label='Close'>Cl</button></div>"
+                  "<div><button>Buy<div role='group'>soon <b>cheap</b></div></button></div>"
+                  "<div><a href='#'>Pick<div role='listbox'><span>delta</span> <b>omega</b></div></a></div>")
     nodes = read_tree(obs.axtree)
     texts = [n.name for n in nodes if n.role == "StaticText"]
     for name, text in [("Enter 7 digits", "7"), ("Submit order", "order"), ("Read more", "more")]:
@@ -109,3 +125,6 @@ def test_text_that_is_part_of_a_neighbours_name_is_shown(e):
     # a button's name made of its texts prints them: they are not repeated
     assert any(n.role == "button" and n.name == "Save changes now" for n in nodes)
     assert "Save" not in texts and "now" not in texts
+    # ... but a text Chromium left out of that name (inside a group or a listbox in the button or link) is shown
+    for text in ("soon", "cheap", "delta", "omega"):  # (as a text, or an element folded with its one text)
+        assert text in [n.name for n in nodes if n.role in ("StaticText", "generic")], (text, obs.axtree)
