@@ -204,7 +204,7 @@ def main(argv=None):
         p.error(str(e))
     if not sel.tasks:
         p.error(f"no task left to evaluate. {sel.note()}")
-    if (err := policy.model_path_error(args.ckpt, "--ckpt") if args.ckpt else policy.model_path_error(args.model)):
+    if (err := policy.model_path_error(args.ckpt, "--ckpt", hub=False) if args.ckpt else policy.model_path_error(args.model)):
         p.error(err)
     # The prompt format a checkpoint was trained with (train.py writes webdream.json), unless overridden.
     checkpoint.resolve_prompt_settings(args, args.ckpt, benchmarks.prompt_defaults(args.benchmark))

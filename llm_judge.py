@@ -81,17 +81,21 @@ def describe() -> str:
 
 
 def is_loopback(url: str) -> bool:
-    """Whether `url`'s host is this machine's loopback: localhost (and its subdomains), 127.0.0.0/8, ::1."""
+    """Whether `url`'s host is this machine: localhost (its subdomains, localhost.localdomain), 127.0.0.0/8,
+    ::1, an IPv4-mapped 127.x, or the unspecified address 0.0.0.0 / :: (what a server bound to every interface,
+    vLLM's default, prints, and what a client then reaches on this machine)."""
     host = (urllib.parse.urlsplit(url).hostname or "").rstrip(".").lower()
-    if host == "localhost" or host.endswith(".localhost"):
+    if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_unspecified
 
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "127.0.0.0/8")  # no_proxy entries (the CIDR is read by requests)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "127.0.0.0/8")  # no_proxy entries (the CIDR is read by requests)
 
 
 def direct_loopback(environ=os.environ) -> None:

@@ -65,13 +65,14 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def model_path_error(name: str, what: str = "--model") -> str | None:
+def model_path_error(name: str, what: str = "--model", hub: bool = True) -> str | None:
     """Why `name` cannot be loaded as a model, checked before anything is written or loaded; None when it
     can (as far as can be told without loading it). A model is the default name, a folder holding a
     Hugging Face model (config.json) or a PEFT adapter (adapter_config.json), or a hub id ("org/name")
     where the hub can serve it: hub access on, or the id in the local cache under HF_HUB_OFFLINE=1.
     A missing path that is not a hub id (absolute, ./, ~, more than one "/") is an error, never a
-    hub request. `what` names the flag in the message."""
+    hub request. hub=False (a checkpoint this project wrote: --init, --ckpt, --world-model, --judge): only a
+    local folder. `what` names the flag in the message."""
     if name in (DEFAULT_MODEL, "default", "", None):
         return None
     if os.path.isdir(name):
@@ -83,6 +84,8 @@ def model_path_error(name: str, what: str = "--model") -> str | None:
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    if not hub:
+        return f"{what} {name}: no such checkpoint folder"
     looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or name.endswith("/")
     try:
         validate_repo_id(name)
@@ -91,7 +94,7 @@ def model_path_error(name: str, what: str = "--model") -> str | None:
     if looks_local:
         return f"{what} {name}: no such model folder"
     offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    if offline and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+    if offline and not any(isinstance(try_to_load_from_cache(name, f), str) for f in ("config.json", "adapter_config.json")):
         return (f"{what} {name}: no such local folder, and it is not in the hub cache while HF_HUB_OFFLINE=1 "
                 f"(download it where the hub can be reached, or pass a local model folder)")
     return None

@@ -375,7 +375,8 @@ def _check_paths(p: argparse.ArgumentParser, args, check_files: bool = True) -> 
     hints = {"--world-model": "; train one with `python train.py --mode wm --out runs/wm`",
              "--judge": "; train one with `python train.py --mode judge --out runs/judge`"}
     for flag, path in models:  # (without check_files a folder passes unread: tests stand in any folder)
-        if (err := policy.model_path_error(path, flag)) is not None and (check_files or not os.path.isdir(path)):
+        err = policy.model_path_error(path, flag, hub=flag == "--model")  # checkpoints are folders, never hub ids
+        if err is not None and (check_files or not os.path.isdir(path)):
             p.error(err + (hints.get(flag, "") if not os.path.exists(path) else ""))
     if not check_files:
         return

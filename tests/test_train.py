@@ -180,7 +180,7 @@ def torch_equal(x, y):
 @pytest.mark.parametrize("argv,message", [
     (["--mode", "real", "--tasks", "click-buton"], "unknown task"),
     (["--mode", "real", "--group-size", "1"], "--group-size must be at least 2"),
-    (["--mode", "real", "--init", "/nonexistent/ckpt"], "--init /nonexistent/ckpt: no such model folder"),
+    (["--mode", "real", "--init", "/nonexistent/ckpt"], "--init /nonexistent/ckpt: no such checkpoint folder"),
     (["--mode", "real", "--temperature", "0"], "--temperature must be > 0"),
     (["--mode", "bc", "--micro-batch", "0"], "--micro-batch must be at least 1"),
     (["--mode", "real", "--loss", "gspo", "--kl-coef", "0.1"], "GSPO has no KL"),
@@ -217,7 +217,7 @@ def test_eval_rejects_a_missing_checkpoint(capsys):
 
     with pytest.raises(SystemExit):
         webeval.main(["--ckpt", "/nonexistent/ckpt"])
-    assert "--ckpt /nonexistent/ckpt: no such model folder" in capsys.readouterr().err
+    assert "--ckpt /nonexistent/ckpt: no such checkpoint folder" in capsys.readouterr().err
 
 
 def _paths(tmp_path):
@@ -235,7 +235,8 @@ def _paths(tmp_path):
     (["--mode", "real", "--model", "{empty}"], "--model {empty}: a folder, but not a model"),
     (["--mode", "real", "--model", "{file}"], "--model {file}: a file; a model is a folder"),
     (["--mode", "real", "--model", "someone/not-cached-model"], "not in the hub cache while HF_HUB_OFFLINE=1"),
-    (["--mode", "real", "--init", "{none}"], "--init {none}: no such model folder"),
+    (["--mode", "real", "--init", "{none}"], "--init {none}: no such checkpoint folder"),
+    (["--mode", "real", "--init", "bcfinal"], "--init bcfinal: no such checkpoint folder"),  # never a hub id
     (["--mode", "real", "--init", "{empty}"], "--init {empty}: a folder, but not a model"),
     (["--mode", "bc", "--demos", "{none}"], "--demos {none}: no such file; write it with `python experts.py"),
     (["--mode", "bc", "--demos", "{empty}"], "--demos {empty}: no such file"),
@@ -247,7 +248,7 @@ def _paths(tmp_path):
      "--world-model {empty}: a folder, but not a model"),
     (["--mode", "dream", "--world-model", "{model}", "--dream-reward", "judge", "--judge", "{none}", "--demos", "{file}",
       "--transitions", "{file}"],
-     "--judge {none}: no such model folder; train one with `python train.py --mode judge"),
+     "--judge {none}: no such checkpoint folder; train one with `python train.py --mode judge"),
     (["--mode", "dream", "--world-model", "{model}", "--judge", "{model}", "--demos", "{none}", "--transitions", "{file}"],
      "--demos {none}: no such file"),
     (["--mode", "dream", "--world-model", "{model}", "--judge", "{model}", "--demos", "{file}", "--transitions", "{none}"],
@@ -266,6 +267,20 @@ def test_a_bad_path_is_a_parser_error_before_anything_is_written(argv, message, 
     assert not out.exists()
     # the paths the mode does not read are not checked: a real run without --bc-coef needs no demos
     assert train.parse_args(["--mode", "real", "--demos", paths["none"], "--model", paths["model"]]).demos == paths["none"]
+
+
+def test_hub_ids_pass_for_the_model_only_while_the_hub_is_reachable(monkeypatch):
+    # with hub access on, a hub id is left to transformers (--model only); a checkpoint flag wants a folder
+    import huggingface_hub.constants
+    import policy
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert policy.model_path_error("Qwen/Qwen2.5-3B-Instruct") is None
+    assert policy.model_path_error("runs/bc/final") == "--model runs/bc/final: no such model folder"
+    assert policy.model_path_error("bcfinal", "--init", hub=False) == "--init bcfinal: no such checkpoint folder"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "not in the hub cache" in policy.model_path_error("Qwen/Qwen2.5-3B-Instruct")
 
 
 def test_eval_rejects_a_model_that_is_not_one(tmp_path, capsys):

@@ -328,11 +328,11 @@ def test_a_loopback_judge_is_reached_directly_whatever_proxy_is_set(monkeypatch)
             monkeypatch.delenv(var, raising=False)
         port = judge.url.split(":")[-1].split("/")[0]
         msgs = [{"role": "user", "content": "is it right?"}]
-        for url in (judge.url, f"http://localhost:{port}/v1"):
+        for url in (judge.url, f"http://localhost:{port}/v1", f"http://0.0.0.0:{port}/v1"):
             monkeypatch.setenv(llm_judge.URL_VAR, url)
             monkeypatch.setenv(llm_judge.MODEL_VAR, "m")
             assert llm_judge.chat_completion("m", msgs, 0, 8) == "from the judge", url
-        assert len(judge.asked) == 2 and proxy.asked == []
+        assert len(judge.asked) == 3 and proxy.asked == []
         monkeypatch.setenv(llm_judge.URL_VAR, "http://judge.example:8000/v1")
         assert llm_judge.chat_completion("m", msgs, 0, 8) == "from the proxy"
         assert proxy.asked[-1]["path"] == "http://judge.example:8000/v1/chat/completions"
@@ -347,10 +347,12 @@ def test_a_loopback_judge_is_reached_directly_whatever_proxy_is_set(monkeypatch)
         for url in (judge.url, f"http://localhost:{port}/v1"):
             reply = requests.post(url + "/chat/completions", json=body, timeout=10).json()
             assert reply["choices"][0]["message"]["content"] == "from the judge", url
-        assert len(judge.asked) == 4 and len(proxy.asked) == 1
+        assert len(judge.asked) == 5 and len(proxy.asked) == 1
         assert [llm_judge.is_loopback(u) for u in ("http://127.0.0.2:1", "http://[::1]:8000", "http://LOCALHOST./v1",
-                                                   "http://10.0.0.1", "http://localhost.example")] == [
-            True, True, True, False, False]
+                                                   "http://0.0.0.0:8000/v1", "http://[::ffff:127.0.0.1]:80",
+                                                   "http://localhost.localdomain", "http://10.0.0.1",
+                                                   "http://localhost.example", "http://[::ffff:10.0.0.1]")] == [
+            True, True, True, True, True, True, False, False, False]
     finally:
         judge.stop()
         proxy.stop()
