@@ -152,7 +152,9 @@ class VLLMGenerator:
                 raise RuntimeError(f"push_weights: {len(missing)} engine parameters would stay unwritten"
                                    f"{' (nothing was loaded)' if not loaded else ' (the engine is now half-updated)'}: "
                                    f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache():  # False while requests hold KV blocks (seen after a failed generation)
+            raise RuntimeError("push_weights: vLLM could not reset its prefix cache (some requests still hold KV "
+                               "blocks), so replies could reuse KV entries of the old weights; build a new generator")
 
 
 def _load_checked(worker, weights):
