@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 import distributed
 import policy
 from policy import Sample, stop_ids
@@ -80,8 +82,6 @@ class VLLMGenerator:
     def __init__(self, model_path_or_model, tokenizer, *, gpu_memory_utilization: float = 0.3,
                  kv_cache_gib: float | None = None, max_model_len: int | None = None, dtype: str = "float32",
                  seed: int = 0, **engine_kwargs):
-        import torch
-
         cuda = torch.cuda.is_available()
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # torchrun: each rank's engine on its own GPU (as TRL's colocate mode)
             engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")

@@ -81,11 +81,11 @@ def model_path_error(name: str, what: str = "--model", hub: bool = True) -> str 
         return f"{what} {name}: a folder, but not a model (no config.json or adapter_config.json in it)"
     if os.path.exists(name):
         return f"{what} {name}: a file; a model is a folder (or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct)"
+    if not hub:
+        return f"{what} {name}: no such checkpoint folder"
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    if not hub:
-        return f"{what} {name}: no such checkpoint folder"
     looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or name.endswith("/")
     try:
         validate_repo_id(name)

@@ -31,7 +31,7 @@ codecs.register_error("webdream.fffd", lambda e: ("\ufffd".encode() * (e.end - e
 
 
 def open_text(path: str, mode: str = "w"):
-    """`open(path, mode)` for a text file the project writes ("w" or "a"): UTF-8 whatever the locale, and
+    """`open(path, mode)` for a text file the project writes ("w", "a" or "x"): UTF-8 whatever the locale, and
     text that UTF-8 cannot encode (a lone surrogate) written as U+FFFD instead of raising. Every report,
     result, log, record and trajectory file goes through it (tests/test_report.py checks the sources)."""
     if mode not in ("w", "a", "x"):
